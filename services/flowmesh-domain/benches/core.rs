@@ -1,0 +1,213 @@
+//! Benchmarks of the pure core, each reported with a baseline measured in the same run:
+//! - validation (decode + schema + semantics) against decoding alone;
+//! - placement with a `FleetIndex` against the cheapest possible scan of the same fleet.
+//!
+//! Run: `cargo bench -p flowmesh-domain --bench core`. Single-threaded: one core.
+
+use flowmesh_domain::fleet::{Gpu, Hardware, SlotCount, Slots, WorkerSnapshot, WorkerStatus};
+use flowmesh_domain::placement::{Candidate, FleetIndex, Placement, Strategy, request_for};
+use flowmesh_domain::{decode, validate_submission};
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Runs `f` repeatedly for about `budget`; returns operations per second.
+fn rate(budget: Duration, mut f: impl FnMut() -> usize) -> f64 {
+    let start = Instant::now();
+    let mut ops = 0usize;
+    while start.elapsed() < budget {
+        ops += f();
+    }
+    ops as f64 / start.elapsed().as_secs_f64()
+}
+
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
+use rng::Rng;
+
+fn large_workflow(stages: usize) -> String {
+    let mut doc = String::from(
+        "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata: {name: large}\nspec:\n  taskType: echo\n  resources: {hardware: {cpu: 1, memory: 256Mi}}\n  stages:\n",
+    );
+    for i in 0..stages {
+        doc += &format!("    - name: s{i}\n");
+        if i >= 2 {
+            doc += &format!("      dependsOn: [s{}, s{}]\n", i - 1, i - 2);
+        }
+        doc += &format!(
+            "      spec: {{data: {{type: list, items: [\"item {i}\", \"${{s{}.count}}\"]}}}}\n",
+            i.saturating_sub(1).min(i)
+        );
+    }
+    doc.replace("${s0.count}\"]}}\n    - name: s1", "x\"]}}\n    - name: s1")
+}
+
+const TYPES: [&str; 12] = [
+    "echo",
+    "python",
+    "agent",
+    "data_profiling",
+    "data_retrieval",
+    "embedding",
+    "rag",
+    "inference",
+    "sft",
+    "lora_sft",
+    "ppo",
+    "dpo",
+];
+const GPUS: [(&str, u64); 4] =
+    [("NVIDIA H100 80GB HBM3", 80), ("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA L4", 24), ("Tesla T4", 16)];
+
+fn fleet(n: usize, rng: &mut Rng) -> Vec<WorkerSnapshot> {
+    (0..n)
+        .map(|i| {
+            let has_gpu = i % 2 == 0;
+            let types: Vec<String> = TYPES
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| if *t >= 7 { has_gpu && rng.below(3) > 0 } else { rng.below(2) == 0 })
+                .map(|(_, t)| (*t).to_owned())
+                .collect();
+            let (name, gib) = GPUS[rng.below(GPUS.len())];
+            let gpus = if has_gpu {
+                (0..[1, 2, 4, 8][rng.below(4)])
+                    .map(|g| Gpu {
+                        index: g,
+                        uuid: format!("GPU-{i}-{g}"),
+                        name: name.to_owned(),
+                        memory_bytes: gib << 30,
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            WorkerSnapshot {
+                id: format!("worker-{i:05}"),
+                hostname: format!("host-{i}"),
+                version: "bench".into(),
+                started_at: "t0".into(),
+                status: WorkerStatus::Idle,
+                hardware: Hardware {
+                    cpu_cores: [8, 16, 32, 64][rng.below(4)],
+                    memory_bytes: ([32u64, 64, 256, 512][rng.below(4)]) << 30,
+                    gpus,
+                    ..Default::default()
+                },
+                supported_task_types: types,
+                executors: Vec::new(),
+                slots: Slots { batch: SlotCount { total: 4, in_use: 0 }, service: SlotCount { total: 1, in_use: 0 } },
+                ssh_limits: None,
+                tags: Vec::new(),
+                cost_per_hour: 1.0 + rng.below(30) as f64,
+                load: 0.0,
+                active_tasks: Vec::new(),
+                simulated: true,
+                heartbeat_interval_sec: 30,
+                ttl_sec: 120,
+                idle_since_ms: Some(rng.below(1_000_000) as u64),
+            }
+        })
+        .collect()
+}
+
+const STRATEGY: Strategy = Strategy::BestFit;
+fn main() {
+    let budget = Duration::from_millis(1500);
+    println!("## validation (decode + schema + semantics), one core");
+    println!("| document | bytes | validations/s | decode-only/s (baseline) | ratio |");
+    println!("|---|---|---|---|---|");
+    let typical =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/valid/sft_then_inference.yaml")).unwrap();
+    let large = large_workflow(200).into_bytes();
+    assert!(validate_submission(&typical, "wf-1").is_ok());
+    assert!(validate_submission(&large, "wf-1").is_ok(), "{:?}", validate_submission(&large, "wf-1").err());
+    for (name, doc) in [("typical (sft_then_inference.yaml)", &typical), ("large (200 stages)", &large)] {
+        let full = rate(budget, || {
+            black_box(validate_submission(black_box(doc), "wf-1").is_ok());
+            1
+        });
+        let base = rate(budget, || {
+            black_box(decode::decode(black_box(doc)).is_ok());
+            1
+        });
+        println!("| {name} | {} | {full:.0} | {base:.0} | {:.2}x decode time |", doc.len(), base / full);
+    }
+
+    println!("\n## placement, one core (realistic mix: half the workers with 1-8 GPUs, 12 task types)");
+    println!(
+        "| workers | index build | placements/s, idle fleet | placements/s, 90% busy | full walk with explanation/s | naive type scan/s (baseline) |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut rng = Rng(7);
+    let requests: Vec<_> = (0..64)
+        .map(|i| {
+            let t = TYPES[i % TYPES.len()];
+            let kind = ["H100", "A100", "any", "L4"][i % 4];
+            let hw = if i % 3 == 0 {
+                json!({"cpu": 4, "memory": "16Gi", "gpu": {"count": 1 + i % 4, "type": kind, "memory": "20GB"}})
+            } else {
+                json!({"cpu": 2, "memory": "8Gi"})
+            };
+            request_for(t, &json!({"resources": {"hardware": hw}}), None).unwrap()
+        })
+        .collect();
+    let avoid = BTreeSet::new();
+    for n in [100, 1_000, 10_000] {
+        let workers = fleet(n, &mut rng);
+        let idle: Vec<Candidate<'_>> = workers
+            .iter()
+            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false })
+            .collect();
+        // 90% of the workers have every slot taken: the walk has to go further to find a free one.
+        let busy: Vec<Candidate<'_>> = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Candidate {
+                snapshot: w,
+                batch_in_use: if i % 10 == 0 { 0 } else { 4 },
+                service_in_use: 0,
+                cordoned: false,
+            })
+            .collect();
+        let started = Instant::now();
+        let index = FleetIndex::new(&idle);
+        let build = started.elapsed();
+        let busy_index = FleetIndex::new(&busy);
+        let measure = |index: &FleetIndex<'_>, explained: bool| {
+            let mut k = 0;
+            let mut chosen = 0usize;
+            let r = rate(budget, || {
+                let req = &requests[k % requests.len()];
+                k += 1;
+                let placed = if explained {
+                    index.place_explained(req, "s", "wf-1-s", STRATEGY, &avoid, 2_000_000)
+                } else {
+                    index.place(req, "s", "wf-1-s", STRATEGY, &avoid, 2_000_000)
+                };
+                if let Placement::Chosen { .. } = placed {
+                    chosen += 1;
+                }
+                1
+            });
+            assert!(chosen > 0, "some requests must be placeable");
+            r
+        };
+        let fast_idle = measure(&index, false);
+        let fast_busy = measure(&busy_index, false);
+        let full = measure(&index, true);
+        let mut j = 0;
+        let scan = rate(budget, || {
+            let t = requests[j % requests.len()].task_type.as_str();
+            j += 1;
+            black_box(workers.iter().filter(|w| w.supported_task_types.iter().any(|s| s == t)).count());
+            1
+        });
+        println!(
+            "| {n} | {:.2} ms | {fast_idle:.0} | {fast_busy:.0} | {full:.0} | {scan:.0} |",
+            build.as_secs_f64() * 1e3
+        );
+    }
+}

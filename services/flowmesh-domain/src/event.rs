@@ -1,0 +1,369 @@
+//! Events: the closed set of facts on `FLOWMESH_EVENTS`, with their ids and subjects.
+//!
+//! Every event id is derived from what caused it and doubles as the `Nats-Msg-Id`, so a writer
+//! that retries after a crash re-publishes the same id and the stream keeps one copy.
+
+use crate::placement::Explanation;
+use crate::problem::Problem;
+use crate::workflow::Workflow;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One event: its id, its time (RFC 3339, supplied by the writer) and what happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: String,
+    pub time: String,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// Where a submission verdict came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmissionRef {
+    pub stream: String,
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msg_id: Option<String>,
+    /// The validator instance that decided (the first one, when a redelivery decided again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validated_by: Option<String>,
+}
+
+/// The task an event is about; `attempt` counts from 1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub workflow_id: String,
+    pub task_id: String,
+    pub stage: String,
+    pub attempt: u32,
+}
+
+/// A file a task produced, stored in `flowmesh_artifacts` as `<task_id>/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub name: String,
+    pub object: String,
+    pub size: u64,
+    /// `SHA-256=<base64url>` as the object store records it.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmissionAccepted {
+    pub workflow_id: String,
+    pub submission: SubmissionRef,
+    pub task_ids: Vec<String>,
+    pub workflow: Workflow,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmissionRejected {
+    pub workflow_id: String,
+    pub submission: SubmissionRef,
+    pub errors: Vec<Problem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskPending {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    /// `busy` (capable workers exist) or `no_eligible_worker` (none could run it now).
+    pub reason: String,
+    pub message: String,
+    pub explanation: Explanation,
+    /// When the task first found no capable worker (unix ms); the grace period counts from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaceable_since_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskDispatched {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub worker_id: String,
+    pub task_type: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStarted {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub worker_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskUpdated {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub worker_id: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskCompleted {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub worker_id: String,
+    /// The result itself when small; otherwise `None` and `result_object` names it.
+    #[serde(default)]
+    pub result: Option<Value>,
+    pub result_object: String,
+    pub artifacts: Vec<Artifact>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskFailed {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    pub reason: String,
+    pub message: String,
+    pub retryable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRequeued {
+    /// The new attempt.
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSkipped {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskCancelRequested {
+    pub workflow_id: String,
+    /// One task, or the whole workflow when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskCancelled {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowEnded {
+    pub workflow_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerJoined {
+    pub worker_id: String,
+    pub started_at: String,
+    pub supported_task_types: Vec<String>,
+    pub gpus: usize,
+    pub simulated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerLost {
+    pub worker_id: String,
+    pub started_at: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerCordon {
+    pub worker_id: String,
+}
+
+/// Every kind of event. Matched exhaustively everywhere; there is no catch-all.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum EventBody {
+    #[serde(rename = "submission.accepted")]
+    SubmissionAccepted(SubmissionAccepted),
+    #[serde(rename = "submission.rejected")]
+    SubmissionRejected(SubmissionRejected),
+    #[serde(rename = "task.pending")]
+    TaskPending(TaskPending),
+    #[serde(rename = "task.dispatched")]
+    TaskDispatched(TaskDispatched),
+    #[serde(rename = "task.started")]
+    TaskStarted(TaskStarted),
+    #[serde(rename = "task.updated")]
+    TaskUpdated(TaskUpdated),
+    #[serde(rename = "task.completed")]
+    TaskCompleted(TaskCompleted),
+    #[serde(rename = "task.failed")]
+    TaskFailed(TaskFailed),
+    #[serde(rename = "task.requeued")]
+    TaskRequeued(TaskRequeued),
+    #[serde(rename = "task.skipped")]
+    TaskSkipped(TaskSkipped),
+    #[serde(rename = "task.cancel_requested")]
+    TaskCancelRequested(TaskCancelRequested),
+    #[serde(rename = "task.cancelled")]
+    TaskCancelled(TaskCancelled),
+    #[serde(rename = "workflow.completed")]
+    WorkflowCompleted(WorkflowEnded),
+    #[serde(rename = "workflow.failed")]
+    WorkflowFailed(WorkflowEnded),
+    #[serde(rename = "workflow.cancelled")]
+    WorkflowCancelled(WorkflowEnded),
+    #[serde(rename = "worker.joined")]
+    WorkerJoined(WorkerJoined),
+    #[serde(rename = "worker.lost")]
+    WorkerLost(WorkerLost),
+    #[serde(rename = "worker.cordoned")]
+    WorkerCordoned(WorkerCordon),
+    #[serde(rename = "worker.uncordoned")]
+    WorkerUncordoned(WorkerCordon),
+}
+
+/// The subject token used when an event has no workflow (fleet events) or no task.
+pub const NO_SCOPE: &str = "_";
+/// The workflow-position token of fleet events.
+pub const FLEET_SCOPE: &str = "fleet";
+
+impl EventBody {
+    /// The `type` field, e.g. `task.completed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::SubmissionAccepted(_) => "submission.accepted",
+            EventBody::SubmissionRejected(_) => "submission.rejected",
+            EventBody::TaskPending(_) => "task.pending",
+            EventBody::TaskDispatched(_) => "task.dispatched",
+            EventBody::TaskStarted(_) => "task.started",
+            EventBody::TaskUpdated(_) => "task.updated",
+            EventBody::TaskCompleted(_) => "task.completed",
+            EventBody::TaskFailed(_) => "task.failed",
+            EventBody::TaskRequeued(_) => "task.requeued",
+            EventBody::TaskSkipped(_) => "task.skipped",
+            EventBody::TaskCancelRequested(_) => "task.cancel_requested",
+            EventBody::TaskCancelled(_) => "task.cancelled",
+            EventBody::WorkflowCompleted(_) => "workflow.completed",
+            EventBody::WorkflowFailed(_) => "workflow.failed",
+            EventBody::WorkflowCancelled(_) => "workflow.cancelled",
+            EventBody::WorkerJoined(_) => "worker.joined",
+            EventBody::WorkerLost(_) => "worker.lost",
+            EventBody::WorkerCordoned(_) => "worker.cordoned",
+            EventBody::WorkerUncordoned(_) => "worker.uncordoned",
+        }
+    }
+
+    /// The task this event is about, if any.
+    pub fn task(&self) -> Option<&TaskRef> {
+        match self {
+            EventBody::TaskPending(e) => Some(&e.task),
+            EventBody::TaskDispatched(e) => Some(&e.task),
+            EventBody::TaskStarted(e) => Some(&e.task),
+            EventBody::TaskUpdated(e) => Some(&e.task),
+            EventBody::TaskCompleted(e) => Some(&e.task),
+            EventBody::TaskFailed(e) => Some(&e.task),
+            EventBody::TaskRequeued(e) => Some(&e.task),
+            EventBody::TaskSkipped(e) => Some(&e.task),
+            EventBody::TaskCancelled(e) => Some(&e.task),
+            EventBody::SubmissionAccepted(_)
+            | EventBody::SubmissionRejected(_)
+            | EventBody::TaskCancelRequested(_)
+            | EventBody::WorkflowCompleted(_)
+            | EventBody::WorkflowFailed(_)
+            | EventBody::WorkflowCancelled(_)
+            | EventBody::WorkerJoined(_)
+            | EventBody::WorkerLost(_)
+            | EventBody::WorkerCordoned(_)
+            | EventBody::WorkerUncordoned(_) => None,
+        }
+    }
+
+    /// (workflow token, task token) of the subject `flowmesh.events.<workflow>.<task>.<type>`.
+    pub fn scope(&self) -> (String, String) {
+        if let Some(task) = self.task() {
+            return (task.workflow_id.clone(), task.task_id.clone());
+        }
+        match self {
+            EventBody::SubmissionAccepted(e) => (e.workflow_id.clone(), NO_SCOPE.into()),
+            EventBody::SubmissionRejected(e) => (e.workflow_id.clone(), NO_SCOPE.into()),
+            EventBody::TaskCancelRequested(e) => {
+                (e.workflow_id.clone(), e.task_id.clone().unwrap_or_else(|| NO_SCOPE.into()))
+            }
+            EventBody::WorkflowCompleted(e) | EventBody::WorkflowFailed(e) | EventBody::WorkflowCancelled(e) => {
+                (e.workflow_id.clone(), NO_SCOPE.into())
+            }
+            EventBody::WorkerJoined(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            EventBody::WorkerLost(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            _ => (NO_SCOPE.into(), NO_SCOPE.into()),
+        }
+    }
+
+    /// The deterministic id: the same cause always yields the same id. All terminal events of
+    /// one task attempt share `<task>.<attempt>.end`, so the stream keeps only the first.
+    pub fn derive_id(&self, sequence_hint: u64) -> String {
+        let t = |task: &TaskRef, what: &str| format!("{}.{}.{what}", task.task_id, task.attempt);
+        match self {
+            EventBody::SubmissionAccepted(e) => format!("sub.{}.verdict", e.submission.seq),
+            EventBody::SubmissionRejected(e) => format!("sub.{}.verdict", e.submission.seq),
+            EventBody::TaskPending(e) => t(&e.task, &format!("pending.{sequence_hint}")),
+            EventBody::TaskDispatched(e) => t(&e.task, "dispatched"),
+            EventBody::TaskStarted(e) => t(&e.task, "started"),
+            EventBody::TaskUpdated(e) => t(&e.task, &format!("updated.{sequence_hint}")),
+            EventBody::TaskCompleted(e) => t(&e.task, "end"),
+            EventBody::TaskFailed(e) => t(&e.task, "end"),
+            EventBody::TaskSkipped(e) => t(&e.task, "end"),
+            EventBody::TaskCancelled(e) => t(&e.task, "end"),
+            EventBody::TaskRequeued(e) => t(&e.task, "requeued"),
+            EventBody::TaskCancelRequested(e) => {
+                format!("{}.cancel.{}", e.task_id.as_deref().unwrap_or(&e.workflow_id), sequence_hint)
+            }
+            EventBody::WorkflowCompleted(e) | EventBody::WorkflowFailed(e) | EventBody::WorkflowCancelled(e) => {
+                format!("{}.end", e.workflow_id)
+            }
+            EventBody::WorkerJoined(e) => format!("worker.{}.{}.joined", e.worker_id, e.started_at),
+            EventBody::WorkerLost(e) => format!("worker.{}.{}.lost", e.worker_id, e.started_at),
+            EventBody::WorkerCordoned(e) => {
+                format!("worker.{}.cordon.{sequence_hint}", e.worker_id)
+            }
+            EventBody::WorkerUncordoned(e) => {
+                format!("worker.{}.uncordon.{sequence_hint}", e.worker_id)
+            }
+        }
+    }
+
+    /// Whether this is the end of a task attempt.
+    pub fn is_task_terminal(&self) -> bool {
+        matches!(
+            self,
+            EventBody::TaskCompleted(_)
+                | EventBody::TaskFailed(_)
+                | EventBody::TaskSkipped(_)
+                | EventBody::TaskCancelled(_)
+        )
+    }
+}
+
+impl Event {
+    /// Builds an event whose id is derived from its body (see [`EventBody::derive_id`]).
+    pub fn new(body: EventBody, time: String, sequence_hint: u64) -> Event {
+        Event { id: body.derive_id(sequence_hint), time, body }
+    }
+
+    /// `flowmesh.events.<workflow>.<task>.<noun>.<verb>`.
+    pub fn subject_suffix(&self) -> String {
+        let (workflow, task) = self.body.scope();
+        format!("{workflow}.{task}.{}", self.body.kind())
+    }
+}

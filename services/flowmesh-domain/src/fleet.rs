@@ -1,0 +1,98 @@
+//! The fleet: worker capability snapshots as published in `flowmesh_workers`.
+
+use serde::{Deserialize, Serialize};
+
+/// A worker's self-description, refreshed every heartbeat (schema: `schemas/worker.schema.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerSnapshot {
+    pub id: String,
+    pub hostname: String,
+    pub version: String,
+    pub started_at: String,
+    pub status: WorkerStatus,
+    pub hardware: Hardware,
+    pub supported_task_types: Vec<String>,
+    pub executors: Vec<ExecutorInfo>,
+    pub slots: Slots,
+    pub ssh_limits: Option<SshLimits>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    pub cost_per_hour: f64,
+    #[serde(default)]
+    pub load: f64,
+    #[serde(default)]
+    pub active_tasks: Vec<String>,
+    #[serde(default)]
+    pub simulated: bool,
+    pub heartbeat_interval_sec: u64,
+    pub ttl_sec: u64,
+    /// When the worker last became idle (unix ms); the scorer prefers the longest idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerStatus {
+    Starting,
+    Idle,
+    Busy,
+    Draining,
+}
+
+/// What a machine has. `FLOWMESH_SIMULATE_HW` takes exactly this shape.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hardware {
+    pub cpu_cores: u32,
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    /// GPUs share the system memory (GB10, Tegra): their budget is `shared_memory_bytes`.
+    #[serde(default)]
+    pub unified_memory: bool,
+    #[serde(default)]
+    pub shared_memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    pub index: u32,
+    #[serde(default)]
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorInfo {
+    pub name: String,
+    pub task_types: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SlotCount {
+    pub total: u32,
+    pub in_use: u32,
+}
+
+/// Batch slots run finite tasks; service slots hold long-lived ones (`serve`, interactive `ssh`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Slots {
+    pub batch: SlotCount,
+    pub service: SlotCount,
+}
+
+/// Operator caps for `ssh` containers; `None` in a field means unbounded.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct SshLimits {
+    pub max_cpu: Option<f64>,
+    pub max_memory_bytes: Option<u64>,
+    pub max_pids: Option<i64>,
+}
+
+/// Task types that occupy a service slot rather than a batch slot.
+pub fn uses_service_slot(task_type: &str) -> bool {
+    task_type == "serve"
+}

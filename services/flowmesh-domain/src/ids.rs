@@ -1,0 +1,24 @@
+//! Identifiers. Every id is derived from what caused it, so a retry re-derives the same id.
+
+/// The workflow id of the submission stored at `seq` in the submissions stream.
+pub fn workflow_id(submission_seq: u64) -> String {
+    format!("wf-{submission_seq}")
+}
+
+/// The task id of a stage: unique, stable, and usable as a NATS subject token and object prefix.
+pub fn task_id(workflow_id: &str, stage: &str) -> String {
+    format!("{workflow_id}-{stage}")
+}
+
+/// Whether `name` can be a stage name (and so part of a subject token and an object name).
+pub fn is_valid_stage_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && name.len() <= 63
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Whether `id` can be a worker id (a single NATS subject token and a KV key).
+pub fn is_valid_worker_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}

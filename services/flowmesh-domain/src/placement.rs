@@ -1,0 +1,645 @@
+//! Placement: which workers can run a task, why the others cannot, and which one is best.
+//!
+//! `explain` checks one worker; `place` checks the fleet, scores the eligible workers and either
+//! picks one or explains, counted per reason, why the task has to wait.
+
+use crate::fleet::{WorkerSnapshot, WorkerStatus, uses_service_slot};
+use crate::units::{self, format_bytes};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeSet, HashMap};
+
+/// What a task needs from a worker.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    pub task_type: String,
+    pub cpu: f64,
+    pub memory_bytes: u64,
+    pub gpu: GpuRequest,
+    /// Only these workers may take it (`schedule_hint.selected_worker`).
+    pub selected: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GpuRequest {
+    pub count: u32,
+    /// Lower-cased name fragment; `None` for the wildcards `any`, `auto`, `*` and empty.
+    pub kind: Option<String>,
+    /// Per device.
+    pub memory_bytes: u64,
+}
+
+impl GpuRequest {
+    fn describe(&self) -> String {
+        let mut text = self.kind.as_deref().map(str::to_uppercase).unwrap_or_else(|| "any type".to_owned());
+        if self.memory_bytes > 0 {
+            text += &format!(" >= {}", format_bytes(self.memory_bytes));
+        }
+        text
+    }
+}
+
+/// Reads the request from a resolved spec (`resources.hardware`).
+pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>) -> Result<Request, String> {
+    let hw = spec.pointer("/resources/hardware");
+    let field = |key: &str| hw.and_then(|h| h.get(key));
+    let cpu = match field("cpu") {
+        None | Some(Value::Null) => 0.0,
+        Some(Value::Number(n)) => n.as_f64().unwrap_or(0.0),
+        Some(Value::String(s)) => s.trim().parse::<f64>().map_err(|_| format!("cpu {s:?} is not a number"))?,
+        Some(other) => return Err(format!("cpu must be a number, found {other}")),
+    };
+    if !(cpu.is_finite() && cpu >= 0.0) {
+        return Err(format!("cpu must be a non-negative number, found {cpu}"));
+    }
+    let memory_bytes = match field("memory") {
+        None | Some(Value::Null) => 0,
+        Some(v) => units::memory_value(v)?,
+    };
+    let gpu = match field("gpu") {
+        None | Some(Value::Null) => GpuRequest::default(),
+        Some(g) => GpuRequest {
+            count: g.get("count").and_then(Value::as_u64).unwrap_or(0).min(u32::MAX as u64) as u32,
+            kind: g
+                .get("type")
+                .and_then(Value::as_str)
+                .map(|t| t.trim().to_lowercase())
+                .filter(|t| !matches!(t.as_str(), "" | "any" | "auto" | "*")),
+            memory_bytes: match g.get("memory") {
+                None | Some(Value::Null) => 0,
+                Some(v) => units::memory_value(v)?,
+            },
+        },
+    };
+    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected })
+}
+
+/// What the scheduler knows of a worker beyond its snapshot.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'a> {
+    pub snapshot: &'a WorkerSnapshot,
+    /// Tasks the router has given it that have not ended (its own count, fresher than the snapshot).
+    pub batch_in_use: u32,
+    pub service_in_use: u32,
+    pub cordoned: bool,
+}
+
+/// Why one worker cannot take a task. The order of the variants is the order of the checks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Exclusion {
+    NotSelected,
+    TaskType,
+    Cpu { have: f64, need: f64 },
+    Memory { have: u64, need: u64 },
+    Gpu { matching: u32, need: u32 },
+    Cordoned,
+    Draining,
+    NoFreeSlot { service: bool },
+}
+
+impl Exclusion {
+    /// Whether waiting could help: a permanent exclusion holds for as long as the worker lives.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Exclusion::NotSelected
+                | Exclusion::TaskType
+                | Exclusion::Cpu { .. }
+                | Exclusion::Memory { .. }
+                | Exclusion::Gpu { .. }
+        )
+    }
+
+    /// A stable code for scripts.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Exclusion::NotSelected => "not_selected",
+            Exclusion::TaskType => "task_type",
+            Exclusion::Cpu { .. } => "cpu",
+            Exclusion::Memory { .. } => "memory",
+            Exclusion::Gpu { .. } => "gpu",
+            Exclusion::Cordoned => "cordoned",
+            Exclusion::Draining => "draining",
+            Exclusion::NoFreeSlot { .. } => "no_free_slot",
+        }
+    }
+
+    /// A phrase that completes "N workers ...".
+    pub fn describe(&self, request: &Request, plural: bool) -> String {
+        let (is, has, do_) = if plural { ("are", "have", "do") } else { ("is", "has", "does") };
+        match self {
+            Exclusion::NotSelected => format!("{is} not in selected_worker"),
+            Exclusion::TaskType => format!("{do_} not serve task type {:?}", request.task_type),
+            Exclusion::Cpu { have, need } => format!("{has} {have} of {need} CPU cores"),
+            Exclusion::Memory { have, need } => {
+                format!("{has} {} of {} memory", format_bytes(*have), format_bytes(*need))
+            }
+            Exclusion::Gpu { matching, need } => {
+                format!("{has} {matching} of {need} GPUs matching {}", request.gpu.describe())
+            }
+            Exclusion::Cordoned => format!("{is} cordoned"),
+            Exclusion::Draining => format!("{is} draining"),
+            Exclusion::NoFreeSlot { service } => {
+                format!("{has} no free {} slot", if *service { "service" } else { "batch" })
+            }
+        }
+    }
+}
+
+/// How many of the worker's GPUs match the request, each judged on its own; the device names
+/// come lower-cased (the index keeps them so).
+fn count_matching(request: &GpuRequest, snapshot: &WorkerSnapshot, lower_names: &[String]) -> u32 {
+    let hw = &snapshot.hardware;
+    let unified_share = if hw.unified_memory { hw.shared_memory_bytes / u64::from(request.count.max(1)) } else { 0 };
+    hw.gpus
+        .iter()
+        .zip(lower_names)
+        .filter(|(gpu, name)| {
+            let memory = if hw.unified_memory { unified_share.max(gpu.memory_bytes) } else { gpu.memory_bytes };
+            request.kind.as_deref().is_none_or(|kind| name.contains(kind)) && memory >= request.memory_bytes
+        })
+        .count() as u32
+}
+
+/// Every reason this worker cannot take the task now; empty when it can.
+pub fn explain(request: &Request, c: &Candidate<'_>) -> Vec<Exclusion> {
+    let w = c.snapshot;
+    let mut out = Vec::new();
+    if let Some(selected) = &request.selected
+        && !selected.iter().any(|id| id == &w.id)
+    {
+        out.push(Exclusion::NotSelected);
+    }
+    if !w.supported_task_types.iter().any(|t| t == &request.task_type) {
+        out.push(Exclusion::TaskType);
+    }
+    let names: Vec<String> = w.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect();
+    capacity_checks(request, c, &names, &mut |e| out.push(e));
+    out
+}
+
+/// The checks after selection and task type, in order: CPU and memory (clamped by the ssh caps
+/// for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
+fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[String], note: &mut dyn FnMut(Exclusion)) {
+    let w = c.snapshot;
+    let ssh_caps = if request.task_type == "ssh" { w.ssh_limits } else { None };
+    let mut cores = f64::from(w.hardware.cpu_cores);
+    let mut memory = w.hardware.memory_bytes;
+    if let Some(caps) = ssh_caps {
+        cores = caps.max_cpu.map_or(cores, |cap| cores.min(cap));
+        memory = caps.max_memory_bytes.map_or(memory, |cap| memory.min(cap));
+    }
+    if request.cpu > cores {
+        note(Exclusion::Cpu { have: cores, need: request.cpu });
+    }
+    if request.memory_bytes > memory {
+        note(Exclusion::Memory { have: memory, need: request.memory_bytes });
+    }
+    if request.gpu.count > 0 {
+        let matching = count_matching(&request.gpu, w, lower_gpu_names);
+        if matching < request.gpu.count {
+            note(Exclusion::Gpu { matching, need: request.gpu.count });
+        }
+    }
+    if c.cordoned {
+        note(Exclusion::Cordoned);
+    }
+    if w.status == WorkerStatus::Draining {
+        note(Exclusion::Draining);
+    }
+    let service = uses_service_slot(&request.task_type);
+    let slot = if service { w.slots.service } else { w.slots.batch };
+    let in_use = if service { c.service_in_use } else { c.batch_in_use };
+    if in_use >= slot.total {
+        note(Exclusion::NoFreeSlot { service });
+    }
+}
+
+/// How the best eligible worker is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Throughput against cost (FlowMesh's default), then longest idle, then id.
+    #[default]
+    BestFit,
+    /// The first eligible worker by id.
+    FirstFit,
+    /// The smallest eligible worker: least capacity left idle.
+    MinSatisfying,
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "best_fit" => Ok(Strategy::BestFit),
+            "first_fit" => Ok(Strategy::FirstFit),
+            "min_satisfying" => Ok(Strategy::MinSatisfying),
+            other => Err(format!("unknown strategy {other:?}; expected best_fit, first_fit or min_satisfying")),
+        }
+    }
+}
+
+/// A worker's throughput estimate: 100 per GPU, plus VRAM GiB, RAM GiB / 2 and cores / 2.
+pub fn throughput(w: &WorkerSnapshot) -> f64 {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let vram: u64 = w.hardware.gpus.iter().map(|g| g.memory_bytes).sum();
+    100.0 * w.hardware.gpus.len() as f64
+        + gib(vram)
+        + gib(w.hardware.memory_bytes) / 2.0
+        + 0.5 * f64::from(w.hardware.cpu_cores)
+}
+
+/// The weight of throughput against cost: inference 0.4, training 0.8, anything else 0.5.
+pub fn throughput_weight(task_type: &str) -> f64 {
+    match task_type {
+        "inference" | "serve" | "rag" | "embedding" | "diffusion" | "api" => 0.4,
+        t if t.starts_with("omni_") => 0.4,
+        "sft" | "lora_sft" | "ppo" | "dpo" | "image_classification_training" => 0.8,
+        _ => 0.5,
+    }
+}
+
+/// FNV-1a: a stable hash for the deterministic jitter (std's hasher may change between releases).
+fn fnv(parts: &[&str]) -> u64 {
+    let mut hash: u64 = 0xcbf29ce484222325;
+    for part in parts {
+        for byte in part.bytes().chain(std::iter::once(0)) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x100000001b3);
+        }
+    }
+    hash
+}
+
+/// Per-reason counts across the fleet, and the sentence built from them.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Explanation {
+    pub workers: usize,
+    pub eligible: usize,
+    /// Workers that could run the task once a transient obstacle clears (busy, cordoned, draining).
+    pub capable: usize,
+    pub reasons: Vec<ReasonCount>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReasonCount {
+    pub code: String,
+    pub count: usize,
+    pub text: String,
+}
+
+/// The outcome of placing one task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Placement {
+    /// `explanation` is filled by [`place`] (every worker visited) and left out by the fast
+    /// [`FleetIndex::place`], which stops as soon as no later worker can win.
+    Chosen {
+        worker_id: String,
+        score: f64,
+        explanation: Option<Explanation>,
+    },
+    Pending(Explanation),
+}
+
+/// Places one task on the fleet. Workers in `avoid` (they failed this task) are used only when no
+/// other eligible worker exists. `now_ms` feeds the idle bonus; the jitter hashes `task_id`.
+/// For many tasks against one fleet, build a [`FleetIndex`] once and call its `place`.
+pub fn place(
+    request: &Request,
+    stage: &str,
+    task_id: &str,
+    candidates: &[Candidate<'_>],
+    strategy: Strategy,
+    avoid: &BTreeSet<String>,
+    now_ms: u64,
+) -> Placement {
+    FleetIndex::new(candidates).place_explained(request, stage, task_id, strategy, avoid, now_ms)
+}
+
+/// A fleet prepared for placing many tasks: workers grouped by the task types they serve and
+/// GPU names lower-cased once, so a placement only looks at workers that serve the task's type
+/// (the others are counted, not visited).
+pub struct FleetIndex<'a> {
+    workers: Vec<Indexed<'a>>,
+    by_type: HashMap<&'a str, Vec<usize>>,
+    /// Per task type and strategy: the serving workers by static score, best first (built on
+    /// first use). The static score is everything but the idle bonus and the jitter.
+    rankings: std::cell::RefCell<HashMap<(String, Strategy), std::rc::Rc<Ranking>>>,
+}
+
+/// The serving workers of one task type under one strategy.
+struct Ranking {
+    /// (static score, worker index), best first.
+    order: Vec<(f64, usize)>,
+    /// Static score by worker index (`-inf` for workers that do not serve the type).
+    by_index: Vec<f64>,
+}
+
+struct Indexed<'a> {
+    candidate: Candidate<'a>,
+    gpu_names: Vec<String>,
+}
+
+impl<'a> FleetIndex<'a> {
+    pub fn new(candidates: &[Candidate<'a>]) -> FleetIndex<'a> {
+        let mut workers: Vec<Indexed<'a>> = candidates
+            .iter()
+            .map(|c| Indexed {
+                candidate: *c,
+                gpu_names: c.snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect(),
+            })
+            .collect();
+        workers.sort_by(|a, b| a.candidate.snapshot.id.cmp(&b.candidate.snapshot.id));
+        let mut by_type: HashMap<&'a str, Vec<usize>> = HashMap::new();
+        for (i, w) in workers.iter().enumerate() {
+            for t in &w.candidate.snapshot.supported_task_types {
+                let list = by_type.entry(t.as_str()).or_default();
+                if list.last() != Some(&i) {
+                    list.push(i);
+                }
+            }
+        }
+        FleetIndex { workers, by_type, rankings: Default::default() }
+    }
+
+    /// Records that a task was just placed on `worker_id` (its slot is taken until the fleet is rebuilt).
+    pub fn occupy(&mut self, worker_id: &str, service: bool) {
+        if let Ok(i) = self.workers.binary_search_by(|w| w.candidate.snapshot.id.as_str().cmp(worker_id)) {
+            let c = &mut self.workers[i].candidate;
+            if service { c.service_in_use += 1 } else { c.batch_in_use += 1 }
+        }
+    }
+
+    /// The first exclusion of one worker (in check order) and whether any exclusion is permanent;
+    /// `None` when the worker can take the task now. The task type is already known to match.
+    fn check(&self, request: &Request, w: &Indexed<'_>) -> Option<(Exclusion, bool)> {
+        let mut first: Option<Exclusion> = None;
+        let mut permanent = false;
+        let mut note = |e: Exclusion| {
+            permanent |= e.is_permanent();
+            if first.is_none() {
+                first = Some(e);
+            }
+        };
+        if let Some(selected) = &request.selected
+            && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+        {
+            note(Exclusion::NotSelected);
+        }
+        capacity_checks(request, &w.candidate, &w.gpu_names, &mut note);
+        first.map(|e| (e, permanent))
+    }
+
+    /// Places one task, visiting every worker so the explanation counts them all (see [`place`]).
+    pub fn place_explained(
+        &self,
+        request: &Request,
+        stage: &str,
+        task_id: &str,
+        strategy: Strategy,
+        avoid: &BTreeSet<String>,
+        now_ms: u64,
+    ) -> Placement {
+        let serving: &[usize] = self.by_type.get(request.task_type.as_str()).map_or(&[], Vec::as_slice);
+        let mut groups: Vec<(Exclusion, usize)> = Vec::new();
+        let mut add = |e: Exclusion| match groups.iter_mut().find(|(g, _)| *g == e) {
+            Some((_, n)) => *n += 1,
+            None => groups.push((e, 1)),
+        };
+        let mut capable = 0;
+        let mut eligible: Vec<usize> = Vec::new();
+        // Workers that do not serve the type are counted in bulk; with `selected_worker`, a
+        // worker outside the selection is reported as such first, as `explain` does.
+        if let Some(selected) = &request.selected {
+            for w in &self.workers {
+                let serves = serving
+                    .binary_search_by(|&i| self.workers[i].candidate.snapshot.id.cmp(&w.candidate.snapshot.id))
+                    .is_ok();
+                if !selected.iter().any(|id| id == &w.candidate.snapshot.id) {
+                    add(Exclusion::NotSelected);
+                } else if !serves {
+                    add(Exclusion::TaskType);
+                }
+            }
+        } else {
+            for _ in 0..self.workers.len() - serving.len() {
+                add(Exclusion::TaskType);
+            }
+        }
+        for &i in serving {
+            let w = &self.workers[i];
+            if let Some(selected) = &request.selected
+                && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+            {
+                continue;
+            }
+            match self.check(request, w) {
+                None => eligible.push(i),
+                Some((first, permanent)) => {
+                    if !permanent {
+                        capable += 1;
+                    }
+                    add(first);
+                }
+            }
+        }
+        groups.sort_by_key(|(e, _)| exclusion_rank(e));
+        let reasons = groups
+            .iter()
+            .map(|(e, count)| ReasonCount {
+                code: e.code().to_owned(),
+                count: *count,
+                text: e.describe(request, *count > 1),
+            })
+            .collect();
+        let mut explanation = Explanation {
+            workers: self.workers.len(),
+            eligible: eligible.len(),
+            capable: capable + eligible.len(),
+            reasons,
+            message: String::new(),
+        };
+        explanation.message = sentence(&explanation, stage);
+        let ranking = self.ranking(&request.task_type, strategy);
+        let mut best: Option<Best> = None;
+        let mut best_avoided: Option<Best> = None;
+        for &i in &eligible {
+            let candidate = self.score(i, ranking.by_index[i], strategy, task_id, now_ms);
+            let slot =
+                if avoid.contains(&self.workers[i].candidate.snapshot.id) { &mut best_avoided } else { &mut best };
+            if slot.as_ref().is_none_or(|b| candidate.beats(b)) {
+                *slot = Some(candidate);
+            }
+        }
+        match best.or(best_avoided) {
+            Some(b) => Placement::Chosen {
+                worker_id: self.workers[b.index].candidate.snapshot.id.clone(),
+                score: b.score,
+                explanation: Some(explanation),
+            },
+            None => Placement::Pending(explanation),
+        }
+    }
+
+    /// Places one task, fast: workers serving the type are visited best static score first, and
+    /// the walk stops once no later worker can beat the best eligible one found. Only a task
+    /// that has to wait gets the full explanation (a second walk, [`FleetIndex::place_explained`]).
+    pub fn place(
+        &self,
+        request: &Request,
+        stage: &str,
+        task_id: &str,
+        strategy: Strategy,
+        avoid: &BTreeSet<String>,
+        now_ms: u64,
+    ) -> Placement {
+        let ranking = self.ranking(&request.task_type, strategy);
+        let headroom = dynamic_headroom(strategy);
+        let mut best: Option<Best> = None;
+        let mut best_avoided: Option<Best> = None;
+        for &(static_score, i) in &ranking.order {
+            if let Some(b) = &best
+                && static_score + headroom < b.score
+            {
+                break;
+            }
+            let w = &self.workers[i];
+            if let Some(selected) = &request.selected
+                && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+            {
+                continue;
+            }
+            if self.check(request, w).is_some() {
+                continue;
+            }
+            let candidate = self.score(i, static_score, strategy, task_id, now_ms);
+            let slot = if avoid.contains(&w.candidate.snapshot.id) { &mut best_avoided } else { &mut best };
+            if slot.as_ref().is_none_or(|b| candidate.beats(b)) {
+                *slot = Some(candidate);
+            }
+            if strategy == Strategy::FirstFit && best.is_some() {
+                break;
+            }
+        }
+        match best.or(best_avoided) {
+            Some(b) => Placement::Chosen {
+                worker_id: self.workers[b.index].candidate.snapshot.id.clone(),
+                score: b.score,
+                explanation: None,
+            },
+            None => self.place_explained(request, stage, task_id, strategy, avoid, now_ms),
+        }
+    }
+
+    /// The serving workers of `task_type` by static score, best first (ties: lower id first).
+    fn ranking(&self, task_type: &str, strategy: Strategy) -> std::rc::Rc<Ranking> {
+        let key = (task_type.to_owned(), strategy);
+        if let Some(r) = self.rankings.borrow().get(&key) {
+            return r.clone();
+        }
+        let serving: &[usize] = self.by_type.get(task_type).map_or(&[], Vec::as_slice);
+        let snapshot = |i: usize| self.workers[i].candidate.snapshot;
+        let mut ranked: Vec<(f64, usize)> = match strategy {
+            // Ids are sorted, so the index order is the id order.
+            Strategy::FirstFit => serving.iter().map(|&i| (0.0, i)).collect(),
+            Strategy::MinSatisfying => serving.iter().map(|&i| (-throughput(snapshot(i)), i)).collect(),
+            Strategy::BestFit => {
+                let t: Vec<f64> = serving.iter().map(|&i| throughput(snapshot(i))).collect();
+                let cost: Vec<f64> = serving.iter().map(|&i| snapshot(i).cost_per_hour).collect();
+                let (t_norm, cost_norm) = (normaliser(&t), normaliser(&cost));
+                let lambda = throughput_weight(task_type);
+                serving
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &i)| (lambda * t_norm(t[k]) - (1.0 - lambda) * cost_norm(cost[k]), i))
+                    .collect()
+            }
+        };
+        ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut by_index = vec![f64::NEG_INFINITY; self.workers.len()];
+        for &(score, i) in &ranked {
+            by_index[i] = score;
+        }
+        let ranked = std::rc::Rc::new(Ranking { order: ranked, by_index });
+        self.rankings.borrow_mut().insert(key, ranked.clone());
+        ranked
+    }
+
+    /// The full score of worker `i`: its static score plus, for best_fit, the idle bonus and the
+    /// deterministic jitter.
+    fn score(&self, i: usize, static_score: f64, strategy: Strategy, task_id: &str, now_ms: u64) -> Best {
+        let snap = self.workers[i].candidate.snapshot;
+        let idle = snap.idle_since_ms.map_or(0, |since| now_ms.saturating_sub(since));
+        let score = match strategy {
+            Strategy::BestFit => {
+                let age_bonus = AGE_BONUS * (idle as f64 / 3_600_000.0).min(1.0);
+                let jitter = (fnv(&[task_id, &snap.id]) % 1000) as f64 * JITTER_STEP;
+                static_score + age_bonus + jitter
+            }
+            Strategy::FirstFit | Strategy::MinSatisfying => static_score,
+        };
+        let idle = if strategy == Strategy::FirstFit { 0 } else { idle };
+        Best { score, idle, index: i }
+    }
+}
+
+/// The largest idle bonus (a worker idle for an hour or more).
+const AGE_BONUS: f64 = 0.02;
+/// The jitter is below 1000 of these steps.
+const JITTER_STEP: f64 = 1e-6;
+
+/// How much the per-task part of a score can add to the static score.
+fn dynamic_headroom(strategy: Strategy) -> f64 {
+    match strategy {
+        Strategy::BestFit => AGE_BONUS + 1000.0 * JITTER_STEP,
+        Strategy::FirstFit | Strategy::MinSatisfying => 0.0,
+    }
+}
+
+/// A scored eligible worker. Higher score wins, then longer idle, then the lower id (the lower
+/// index: workers are sorted by id).
+#[derive(Debug, Clone, Copy)]
+struct Best {
+    score: f64,
+    idle: u64,
+    index: usize,
+}
+
+impl Best {
+    fn beats(&self, other: &Best) -> bool {
+        self.score.total_cmp(&other.score).then(self.idle.cmp(&other.idle)).then(other.index.cmp(&self.index)).is_gt()
+    }
+}
+
+fn exclusion_rank(e: &Exclusion) -> usize {
+    match e {
+        Exclusion::NotSelected => 0,
+        Exclusion::TaskType => 1,
+        Exclusion::Cpu { .. } => 2,
+        Exclusion::Memory { .. } => 3,
+        Exclusion::Gpu { .. } => 4,
+        Exclusion::Cordoned => 5,
+        Exclusion::Draining => 6,
+        Exclusion::NoFreeSlot { .. } => 7,
+    }
+}
+
+fn sentence(e: &Explanation, stage: &str) -> String {
+    let mut text = format!("{}/{} workers can run stage {stage:?}", e.eligible, e.workers);
+    if e.workers == 0 {
+        text += ": no live workers";
+    } else if !e.reasons.is_empty() {
+        let parts: Vec<String> = e.reasons.iter().map(|r| format!("{} {}", r.count, r.text)).collect();
+        text += ": ";
+        text += &parts.join(", ");
+    }
+    text
+}
+
+/// Min-max normalisation over `values` (0.5 for all when they are equal).
+fn normaliser(values: &[f64]) -> impl Fn(f64) -> f64 {
+    let (lo, hi) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+    move |v| if hi > lo { (v - lo) / (hi - lo) } else { 0.5 }
+}

@@ -1,0 +1,301 @@
+//! The router's decisions: given the fold and the live fleet, what happens next.
+//!
+//! Pure: the router shell publishes the actions and feeds the resulting events back through
+//! `State::apply` before it asks again.
+
+use crate::echo;
+use crate::event::{
+    EventBody, TaskCancelled, TaskDispatched, TaskFailed, TaskPending, TaskRef, TaskRequeued, TaskSkipped,
+    WorkflowEnded,
+};
+use crate::fleet::{WorkerSnapshot, uses_service_slot};
+use crate::placement::{self, Candidate, FleetIndex, Placement, Strategy};
+use crate::state::{State, TaskState, TaskStatus, WorkflowState, WorkflowUpstream};
+use crate::template::{self, lookup};
+use crate::validate::validate_dispatchable;
+use crate::work::WorkOrder;
+use crate::workflow::condition_text;
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    /// How long a task may find no capable worker before it fails (`TASK_NO_WORKER_GRACE_SEC`).
+    pub no_worker_grace_ms: u64,
+    pub strategy: Strategy,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { no_worker_grace_ms: 60_000, strategy: Strategy::BestFit }
+    }
+}
+
+/// What the router should do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Publish this event.
+    Publish(EventBody),
+    /// Publish `task.dispatched`, then the work order to the worker.
+    Dispatch { event: TaskDispatched, order: WorkOrder },
+}
+
+fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
+    TaskRef {
+        workflow_id: workflow_id.to_owned(),
+        task_id: t.def.task_id.clone(),
+        stage: t.def.stage.clone(),
+        attempt: t.attempt,
+    }
+}
+
+/// Decides the next actions. `fleet` holds the live workers only; `now_ms` is unix ms.
+pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Config) -> Vec<Action> {
+    let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
+    // Only a running workflow can have a task on a worker: it ends when all its tasks have.
+    for wf in state.running_workflows() {
+        for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
+            if let Some(worker) = t.worker_id.as_deref() {
+                let entry = usage.entry(worker).or_default();
+                if uses_service_slot(&t.def.task_type) { entry.1 += 1 } else { entry.0 += 1 }
+            }
+        }
+    }
+    let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), w)).collect();
+    let candidates: Vec<Candidate<'_>> = fleet
+        .iter()
+        .map(|w| {
+            let (batch, service) = usage.get(w.id.as_str()).copied().unwrap_or_default();
+            Candidate {
+                snapshot: w,
+                batch_in_use: batch,
+                service_in_use: service,
+                cordoned: state.cordoned.contains(&w.id),
+            }
+        })
+        .collect();
+    // Built once per round: every waiting task is placed against the same index.
+    let mut index = FleetIndex::new(&candidates);
+    let mut actions = Vec::new();
+    // Oldest submission first, so a busy fleet serves workflows in the order they came.
+    for wf in state.running_workflows() {
+        decide_workflow(wf, &live, &mut index, now_ms, config, &mut actions);
+    }
+    actions
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide_workflow(
+    wf: &WorkflowState,
+    live: &HashMap<&str, &WorkerSnapshot>,
+    index: &mut FleetIndex<'_>,
+    now_ms: u64,
+    config: &Config,
+    actions: &mut Vec<Action>,
+) {
+    let ends_before = actions.len();
+    for t in &wf.tasks {
+        let tref = task_ref(&wf.workflow_id, t);
+        match t.status {
+            TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Skipped | TaskStatus::Cancelled => {}
+            TaskStatus::Retrying => {
+                actions.push(Action::Publish(EventBody::TaskRequeued(TaskRequeued {
+                    task: TaskRef { attempt: t.attempt + 1, ..tref },
+                    reason: t.reason.clone().unwrap_or_else(|| "retry".to_owned()),
+                    worker_id: None,
+                })));
+            }
+            TaskStatus::Dispatched | TaskStatus::Running => {
+                let worker = t.worker_id.as_deref().unwrap_or_default();
+                if live.contains_key(worker) {
+                    continue;
+                }
+                let body = if t.cancel_requested {
+                    EventBody::TaskCancelled(TaskCancelled {
+                        task: tref,
+                        worker_id: Some(worker.to_owned()),
+                        reason: format!("cancel requested; worker {worker} was lost"),
+                    })
+                } else if t.attempt < t.def.max_attempts {
+                    EventBody::TaskRequeued(TaskRequeued {
+                        task: TaskRef { attempt: t.attempt + 1, ..tref },
+                        reason: "worker_lost".to_owned(),
+                        worker_id: Some(worker.to_owned()),
+                    })
+                } else {
+                    EventBody::TaskFailed(TaskFailed {
+                        task: tref,
+                        worker_id: Some(worker.to_owned()),
+                        reason: "worker_lost".to_owned(),
+                        message: format!("worker {worker} was lost on the last of {} attempts", t.def.max_attempts),
+                        retryable: false,
+                    })
+                };
+                actions.push(Action::Publish(body));
+            }
+            TaskStatus::Waiting | TaskStatus::Pending => {
+                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config) {
+                    if let Action::Dispatch { event, .. } = &action {
+                        index.occupy(&event.worker_id, uses_service_slot(&t.def.task_type));
+                    }
+                    actions.push(action);
+                }
+            }
+        }
+    }
+    if actions.len() == ends_before && wf.tasks.iter().all(|t| t.status.is_terminal()) {
+        let ended = WorkflowEnded { workflow_id: wf.workflow_id.clone(), reason: None };
+        let body = if wf.cancel_requested {
+            EventBody::WorkflowCancelled(ended)
+        } else if wf.tasks.iter().all(|t| matches!(t.status, TaskStatus::Completed | TaskStatus::Skipped)) {
+            EventBody::WorkflowCompleted(ended)
+        } else {
+            let failed: Vec<&str> = wf
+                .tasks
+                .iter()
+                .filter(|t| t.status != TaskStatus::Completed && t.status != TaskStatus::Skipped)
+                .map(|t| t.def.stage.as_str())
+                .collect();
+            EventBody::WorkflowFailed(WorkflowEnded {
+                reason: Some(format!("stages did not complete: {}", failed.join(", "))),
+                ..ended
+            })
+        };
+        actions.push(Action::Publish(body));
+    }
+}
+
+fn decide_waiting(
+    wf: &WorkflowState,
+    t: &TaskState,
+    tref: TaskRef,
+    index: &FleetIndex<'_>,
+    now_ms: u64,
+    config: &Config,
+) -> Option<Action> {
+    let fail = |tref: TaskRef, reason: &str, message: String| {
+        Some(Action::Publish(EventBody::TaskFailed(TaskFailed {
+            task: tref,
+            worker_id: None,
+            reason: reason.to_owned(),
+            message,
+            retryable: false,
+        })))
+    };
+    if wf.cancel_requested || t.cancel_requested {
+        return Some(Action::Publish(EventBody::TaskCancelled(TaskCancelled {
+            task: tref,
+            worker_id: None,
+            reason: "cancel requested before dispatch".to_owned(),
+        })));
+    }
+    let mut all_done = true;
+    for dep in &t.def.depends_on {
+        let Some(d) = wf.task(dep) else { continue };
+        match d.status {
+            // A skipped branch counts as done: its dependants run (FlowMesh joins after a condition).
+            TaskStatus::Completed | TaskStatus::Skipped => {}
+            TaskStatus::Failed | TaskStatus::Cancelled => {
+                return fail(
+                    tref,
+                    "upstream_failed",
+                    format!("upstream stage {dep:?} did not complete ({:?})", d.status),
+                );
+            }
+            _ => all_done = false,
+        }
+    }
+    if !all_done {
+        return None;
+    }
+    let upstream = WorkflowUpstream(wf);
+    if let Some(condition) = &t.def.condition {
+        let actual = upstream
+            .0
+            .task(&condition.node)
+            .and_then(|d| d.result.as_ref())
+            .and_then(|r| lookup(r, &template::parse_path(&condition.field)))
+            .map(condition_text);
+        let wanted = condition_text(&condition.equals);
+        if actual.as_deref() != Some(wanted.as_str()) {
+            return Some(Action::Publish(EventBody::TaskSkipped(TaskSkipped {
+                task: tref,
+                reason: format!(
+                    "condition not met: {}.{} is {} (wanted {wanted:?})",
+                    condition.node,
+                    condition.field,
+                    actual.map_or_else(|| "absent".to_owned(), |a| format!("{a:?}"))
+                ),
+            })));
+        }
+    }
+    let spec = match resolve_spec(wf, t) {
+        Ok(spec) => spec,
+        Err(message) => return fail(tref, "spec_resolution_failed", message),
+    };
+    let problems = validate_dispatchable(&spec, &t.def.spec_path);
+    if !problems.is_empty() {
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        return fail(tref, "spec_validation_failed", text.join("; "));
+    }
+    let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
+        Ok(r) => r,
+        Err(message) => return fail(tref, "spec_validation_failed", message),
+    };
+    match index.place(&request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
+        Placement::Chosen { worker_id, score, explanation } => {
+            let order = work_order(wf, t, spec);
+            let message = explanation.map(|e| e.message).unwrap_or_else(|| {
+                format!("{} placed on {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)
+            });
+            let event = TaskDispatched { task: tref, worker_id, task_type: t.def.task_type.clone(), message };
+            Some(Action::Dispatch { event, order })
+        }
+        Placement::Pending(explanation) => {
+            let unplaceable = explanation.capable == 0;
+            let since = if unplaceable { Some(t.unplaceable_since_ms.unwrap_or(now_ms)) } else { None };
+            if let Some(since) = since
+                && now_ms.saturating_sub(since) >= config.no_worker_grace_ms
+            {
+                return fail(tref, "no_eligible_worker", explanation.message);
+            }
+            if t.pending_message.as_deref() == Some(explanation.message.as_str()) && t.unplaceable_since_ms == since {
+                return None;
+            }
+            Some(Action::Publish(EventBody::TaskPending(TaskPending {
+                task: tref,
+                reason: if unplaceable { "no_eligible_worker" } else { "busy" }.to_owned(),
+                message: explanation.message.clone(),
+                explanation,
+                unplaceable_since_ms: since,
+            })))
+        }
+    }
+}
+
+/// The task's spec with its placeholders (and echo references) resolved from upstream results.
+pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Value, String> {
+    let upstream = WorkflowUpstream(wf);
+    let spec = template::resolve(&t.def.spec, &upstream)?;
+    match t.def.task_type.as_str() {
+        "echo" => echo::resolve_items(spec, &upstream),
+        _ => Ok(spec),
+    }
+}
+
+/// The work order for the task's current attempt.
+pub fn work_order(wf: &WorkflowState, t: &TaskState, spec: serde_json::Value) -> WorkOrder {
+    let upstream: BTreeMap<String, String> =
+        t.def.depends_on.iter().filter_map(|d| wf.task(d).map(|u| (d.clone(), u.def.task_id.clone()))).collect();
+    let upstream_artifacts =
+        t.def.depends_on.iter().filter_map(|d| wf.task(d).map(|u| (d.clone(), u.artifacts.clone()))).collect();
+    WorkOrder {
+        workflow_id: wf.workflow_id.clone(),
+        task_id: t.def.task_id.clone(),
+        stage: t.def.stage.clone(),
+        attempt: t.attempt,
+        task_type: t.def.task_type.clone(),
+        spec,
+        upstream,
+        upstream_artifacts,
+    }
+}

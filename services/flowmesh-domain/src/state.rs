@@ -1,0 +1,361 @@
+//! The state fold: workflows and tasks as the event log says they are.
+//!
+//! `apply` is the only way state changes. It enforces the lifecycle: an event for a superseded
+//! attempt, a second terminal event, or a report for a task that already ended is ignored.
+
+use crate::event::{Event, EventBody, TaskRef};
+use crate::problem::Problem;
+use crate::template::Upstream;
+use crate::workflow::{TaskDef, Workflow};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Dependencies not done yet, or ready and not yet placed.
+    Waiting,
+    Pending,
+    Dispatched,
+    Running,
+    /// The attempt failed and may be retried; the router requeues it.
+    Retrying,
+    Completed,
+    Failed,
+    Skipped,
+    Cancelled,
+}
+
+impl TaskStatus {
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Skipped | TaskStatus::Cancelled)
+    }
+
+    /// Whether a worker holds (or is about to hold) the task.
+    pub fn is_on_worker(self) -> bool {
+        matches!(self, TaskStatus::Dispatched | TaskStatus::Running)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub def: TaskDef,
+    pub status: TaskStatus,
+    pub attempt: u32,
+    pub worker_id: Option<String>,
+    pub result: Option<Value>,
+    pub result_object: Option<String>,
+    pub artifacts: Vec<crate::event::Artifact>,
+    /// Workers that failed an attempt of this task (placement avoids them).
+    pub failed_on: BTreeSet<String>,
+    /// The last `task.pending` message, to emit a new one only when it changes.
+    pub pending_message: Option<String>,
+    pub pending_events: u64,
+    pub unplaceable_since_ms: Option<u64>,
+    /// Why it failed, was skipped or was cancelled.
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    /// `task.updated` events seen for the current attempt.
+    pub updates: u64,
+    pub cancel_requested: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkflowStatus {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowState {
+    pub workflow_id: String,
+    /// The submission's stream sequence: the router serves workflows oldest first.
+    pub seq: u64,
+    pub name: String,
+    pub owner: Option<String>,
+    pub submitted_at: String,
+    pub status: WorkflowStatus,
+    /// Stage name → task, in the workflow's topological order.
+    pub tasks: Vec<TaskState>,
+    pub cancel_requested: bool,
+    pub cancel_requests: u64,
+    pub reason: Option<String>,
+}
+
+impl WorkflowState {
+    pub fn task(&self, stage: &str) -> Option<&TaskState> {
+        self.tasks.iter().find(|t| t.def.stage == stage)
+    }
+}
+
+/// A rejected submission, kept for `workflow list` and `submit --wait`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejection {
+    pub workflow_id: String,
+    pub errors: Vec<Problem>,
+}
+
+/// What `apply` did with an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    Changed,
+    /// Recorded in the log but without effect, with the reason (late report, duplicate, …).
+    Ignored(&'static str),
+}
+
+/// The whole fold.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub workflows: BTreeMap<String, WorkflowState>,
+    pub rejected: BTreeMap<String, Rejection>,
+    /// task id → (workflow id, index in `tasks`).
+    task_index: BTreeMap<String, (String, usize)>,
+    /// Worker id → the `started_at` of the incarnation last reported lost.
+    pub lost_workers: BTreeMap<String, String>,
+    /// Worker id → the `started_at` of the incarnation last seen joining.
+    pub joined_workers: BTreeMap<String, String>,
+    pub cordoned: BTreeSet<String>,
+    /// Cordon/uncordon events seen, to derive the next one's id.
+    pub cordon_events: u64,
+    /// The last stream sequence folded in (for checkpoints).
+    pub last_seq: u64,
+    /// Submission sequence → id of every workflow still running: what the router works on, in the
+    /// order submissions came, without walking the whole history on every event.
+    running: BTreeMap<u64, String>,
+}
+
+impl State {
+    pub fn task(&self, task_id: &str) -> Option<&TaskState> {
+        let (wf, i) = self.task_index.get(task_id)?;
+        self.workflows.get(wf)?.tasks.get(*i)
+    }
+
+    fn task_mut(&mut self, task: &TaskRef) -> Option<&mut TaskState> {
+        let (wf, i) = self.task_index.get(&task.task_id)?;
+        self.workflows.get_mut(wf)?.tasks.get_mut(*i)
+    }
+
+    /// The running workflows, oldest submission first.
+    pub fn running_workflows(&self) -> impl Iterator<Item = &WorkflowState> {
+        self.running.values().filter_map(|id| self.workflows.get(id))
+    }
+
+    /// Folds one event in.
+    pub fn apply(&mut self, event: &Event) -> Applied {
+        match &event.body {
+            EventBody::SubmissionAccepted(e) => {
+                if self.workflows.contains_key(&e.workflow_id) {
+                    return Applied::Ignored("workflow already accepted");
+                }
+                self.insert_workflow(&e.workflow, e.submission.seq, &event.time);
+                Applied::Changed
+            }
+            EventBody::SubmissionRejected(e) => {
+                self.rejected
+                    .entry(e.workflow_id.clone())
+                    .or_insert_with(|| Rejection { workflow_id: e.workflow_id.clone(), errors: e.errors.clone() });
+                Applied::Changed
+            }
+            EventBody::TaskPending(e) => self.update_task(&e.task, |t| {
+                if !matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) {
+                    return Applied::Ignored("task is not waiting");
+                }
+                t.status = TaskStatus::Pending;
+                t.pending_message = Some(e.message.clone());
+                t.pending_events += 1;
+                t.unplaceable_since_ms = e.unplaceable_since_ms;
+                Applied::Changed
+            }),
+            EventBody::TaskDispatched(e) => self.update_task(&e.task, |t| {
+                if !matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) {
+                    return Applied::Ignored("task is not waiting");
+                }
+                t.status = TaskStatus::Dispatched;
+                t.worker_id = Some(e.worker_id.clone());
+                Applied::Changed
+            }),
+            EventBody::TaskStarted(e) => self.update_task(&e.task, |t| {
+                if t.status != TaskStatus::Dispatched {
+                    return Applied::Ignored("task was not dispatched");
+                }
+                t.status = TaskStatus::Running;
+                t.worker_id = Some(e.worker_id.clone());
+                Applied::Changed
+            }),
+            EventBody::TaskUpdated(e) => self.update_task(&e.task, |t| {
+                t.updates += 1;
+                Applied::Changed
+            }),
+            EventBody::TaskCompleted(e) => self.update_task(&e.task, |t| {
+                t.status = TaskStatus::Completed;
+                t.worker_id = Some(e.worker_id.clone());
+                t.result = e.result.clone();
+                t.result_object = Some(e.result_object.clone());
+                t.artifacts = e.artifacts.clone();
+                Applied::Changed
+            }),
+            EventBody::TaskFailed(e) => self.update_task(&e.task, |t| {
+                let retry = e.retryable && t.attempt < t.def.max_attempts && !t.cancel_requested;
+                t.status = if retry { TaskStatus::Retrying } else { TaskStatus::Failed };
+                if let Some(worker) = &e.worker_id {
+                    t.failed_on.insert(worker.clone());
+                }
+                t.reason = Some(e.reason.clone());
+                t.message = Some(e.message.clone());
+                Applied::Changed
+            }),
+            EventBody::TaskRequeued(e) => {
+                // The requeue names the new attempt; it applies to the one before it.
+                let previous = TaskRef { attempt: e.task.attempt.saturating_sub(1), ..e.task.clone() };
+                self.update_task(&previous, |t| {
+                    if let Some(worker) = &e.worker_id {
+                        t.failed_on.insert(worker.clone());
+                    }
+                    t.attempt = e.task.attempt;
+                    t.status = TaskStatus::Waiting;
+                    t.worker_id = None;
+                    t.pending_message = None;
+                    t.unplaceable_since_ms = None;
+                    t.updates = 0;
+                    t.reason = Some(e.reason.clone());
+                    Applied::Changed
+                })
+            }
+            EventBody::TaskSkipped(e) => self.update_task(&e.task, |t| {
+                t.status = TaskStatus::Skipped;
+                t.reason = Some(e.reason.clone());
+                Applied::Changed
+            }),
+            EventBody::TaskCancelRequested(e) => {
+                let Some(wf) = self.workflows.get_mut(&e.workflow_id) else {
+                    return Applied::Ignored("unknown workflow");
+                };
+                wf.cancel_requests += 1;
+                match &e.task_id {
+                    None => {
+                        wf.cancel_requested = true;
+                        wf.tasks.iter_mut().for_each(|t| t.cancel_requested = true);
+                    }
+                    Some(id) => match wf.tasks.iter_mut().find(|t| &t.def.task_id == id) {
+                        Some(t) => t.cancel_requested = true,
+                        None => return Applied::Ignored("unknown task"),
+                    },
+                }
+                Applied::Changed
+            }
+            EventBody::TaskCancelled(e) => self.update_task(&e.task, |t| {
+                t.status = TaskStatus::Cancelled;
+                t.reason = Some(e.reason.clone());
+                Applied::Changed
+            }),
+            EventBody::WorkflowCompleted(e) => self.end_workflow(e, WorkflowStatus::Completed),
+            EventBody::WorkflowFailed(e) => self.end_workflow(e, WorkflowStatus::Failed),
+            EventBody::WorkflowCancelled(e) => self.end_workflow(e, WorkflowStatus::Cancelled),
+            EventBody::WorkerJoined(e) => {
+                self.joined_workers.insert(e.worker_id.clone(), e.started_at.clone());
+                Applied::Changed
+            }
+            EventBody::WorkerLost(e) => {
+                self.lost_workers.insert(e.worker_id.clone(), e.started_at.clone());
+                Applied::Changed
+            }
+            EventBody::WorkerCordoned(e) => {
+                self.cordon_events += 1;
+                self.cordoned.insert(e.worker_id.clone());
+                Applied::Changed
+            }
+            EventBody::WorkerUncordoned(e) => {
+                self.cordon_events += 1;
+                self.cordoned.remove(&e.worker_id);
+                Applied::Changed
+            }
+        }
+    }
+
+    fn insert_workflow(&mut self, workflow: &Workflow, seq: u64, time: &str) {
+        let tasks: Vec<TaskState> = workflow
+            .tasks
+            .iter()
+            .map(|def| TaskState {
+                def: def.clone(),
+                status: TaskStatus::Waiting,
+                attempt: 1,
+                worker_id: None,
+                result: None,
+                result_object: None,
+                artifacts: Vec::new(),
+                failed_on: BTreeSet::new(),
+                pending_message: None,
+                pending_events: 0,
+                unplaceable_since_ms: None,
+                reason: None,
+                message: None,
+                updates: 0,
+                cancel_requested: false,
+            })
+            .collect();
+        for (i, t) in tasks.iter().enumerate() {
+            self.task_index.insert(t.def.task_id.clone(), (workflow.workflow_id.clone(), i));
+        }
+        self.running.insert(seq, workflow.workflow_id.clone());
+        self.workflows.insert(
+            workflow.workflow_id.clone(),
+            WorkflowState {
+                workflow_id: workflow.workflow_id.clone(),
+                seq,
+                name: workflow.name.clone(),
+                owner: workflow.owner.clone(),
+                submitted_at: time.to_owned(),
+                status: WorkflowStatus::Running,
+                tasks,
+                cancel_requested: false,
+                cancel_requests: 0,
+                reason: None,
+            },
+        );
+    }
+
+    /// Applies `change` when the event is about the task's current attempt and the task has not
+    /// ended; every other report is late or duplicate and is ignored.
+    fn update_task(&mut self, task: &TaskRef, change: impl FnOnce(&mut TaskState) -> Applied) -> Applied {
+        let Some(t) = self.task_mut(task) else {
+            return Applied::Ignored("unknown task");
+        };
+        if t.status.is_terminal() {
+            return Applied::Ignored("task already ended");
+        }
+        if t.attempt != task.attempt {
+            return Applied::Ignored("event for a superseded attempt");
+        }
+        change(t)
+    }
+
+    fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus) -> Applied {
+        let Some(wf) = self.workflows.get_mut(&e.workflow_id) else {
+            return Applied::Ignored("unknown workflow");
+        };
+        if wf.status != WorkflowStatus::Running {
+            return Applied::Ignored("workflow already ended");
+        }
+        wf.status = status;
+        wf.reason = e.reason.clone();
+        self.running.remove(&wf.seq);
+        Applied::Changed
+    }
+}
+
+/// Placeholder resolution against one workflow's completed tasks.
+pub struct WorkflowUpstream<'a>(pub &'a WorkflowState);
+
+impl Upstream for WorkflowUpstream<'_> {
+    fn task_id(&self, stage: &str) -> Option<String> {
+        self.0.task(stage).map(|t| t.def.task_id.clone())
+    }
+    fn result(&self, stage: &str) -> Option<&Value> {
+        self.0.task(stage).filter(|t| t.status == TaskStatus::Completed).and_then(|t| t.result.as_ref())
+    }
+}

@@ -1,0 +1,332 @@
+//! The task and workflow lifecycle as scenarios over the pure core: `decide` proposes, the
+//! scenario plays the workers, `State::apply` folds everything back.
+
+use flowmesh_domain::event::{
+    Event, EventBody, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskFailed, TaskRef, TaskStarted,
+};
+mod common;
+
+use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::schedule::{Action, Config, decide};
+use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
+use flowmesh_domain::validate_submission;
+use serde_json::{Value, json};
+
+/// A small worker with one batch slot, so a second task has to wait.
+fn worker(id: &str, types: &[&str]) -> WorkerSnapshot {
+    let mut w = common::worker(id, types, 8, 32, &[]);
+    w.slots.batch.total = 1;
+    w.ttl_sec = 4;
+    w
+}
+
+struct Scenario {
+    state: State,
+    fleet: Vec<WorkerSnapshot>,
+    now: u64,
+    config: Config,
+    log: Vec<Event>,
+}
+
+impl Scenario {
+    fn new(doc: &str, fleet: Vec<WorkerSnapshot>) -> Scenario {
+        let workflow = validate_submission(doc.as_bytes(), "wf-1").unwrap_or_else(|p| panic!("{p:?}"));
+        let mut s = Scenario {
+            state: State::default(),
+            fleet,
+            now: 1_000,
+            config: Config { no_worker_grace_ms: 60_000, ..Default::default() },
+            log: Vec::new(),
+        };
+        s.apply(EventBody::SubmissionAccepted(SubmissionAccepted {
+            workflow_id: "wf-1".into(),
+            submission: SubmissionRef {
+                stream: "FLOWMESH_SUBMISSIONS".into(),
+                seq: 1,
+                msg_id: None,
+                validated_by: None,
+            },
+            task_ids: workflow.tasks.iter().map(|t| t.task_id.clone()).collect(),
+            workflow,
+        }));
+        s
+    }
+
+    fn apply(&mut self, body: EventBody) -> Applied {
+        let event = Event::new(body, format!("t{}", self.now), self.log.len() as u64);
+        let applied = self.state.apply(&event);
+        self.log.push(event);
+        applied
+    }
+
+    /// Runs the router once; returns the work orders it sent (worker, stage, attempt, spec).
+    fn route(&mut self) -> Vec<(String, String, u32, Value)> {
+        let mut sent = Vec::new();
+        for action in decide(&self.state, &self.fleet, self.now, &self.config) {
+            match action {
+                Action::Publish(body) => {
+                    self.apply(body);
+                }
+                Action::Dispatch { event, order } => {
+                    sent.push((event.worker_id.clone(), order.stage.clone(), order.attempt, order.spec.clone()));
+                    self.apply(EventBody::TaskDispatched(event));
+                }
+            }
+        }
+        sent
+    }
+
+    fn tref(&self, stage: &str, attempt: u32) -> TaskRef {
+        TaskRef { workflow_id: "wf-1".into(), task_id: format!("wf-1-{stage}"), stage: stage.into(), attempt }
+    }
+
+    fn complete(&mut self, worker: &str, stage: &str, attempt: u32, result: Value) -> Applied {
+        self.apply(EventBody::TaskStarted(TaskStarted { task: self.tref(stage, attempt), worker_id: worker.into() }));
+        self.apply(EventBody::TaskCompleted(TaskCompleted {
+            task: self.tref(stage, attempt),
+            worker_id: worker.into(),
+            result: Some(result),
+            result_object: format!("wf-1-{stage}/results.json"),
+            artifacts: Vec::new(),
+        }))
+    }
+
+    fn fail(&mut self, worker: &str, stage: &str, attempt: u32, retryable: bool) -> Applied {
+        self.apply(EventBody::TaskFailed(TaskFailed {
+            task: self.tref(stage, attempt),
+            worker_id: Some(worker.into()),
+            reason: "executor_error".into(),
+            message: "boom".into(),
+            retryable,
+        }))
+    }
+
+    fn status(&self, stage: &str) -> TaskStatus {
+        self.state.task(&format!("wf-1-{stage}")).expect("task").status
+    }
+
+    fn workflow(&self) -> WorkflowStatus {
+        self.state.workflows["wf-1"].status
+    }
+
+    fn kinds(&self) -> Vec<&'static str> {
+        self.log.iter().map(|e| e.body.kind()).collect()
+    }
+}
+
+const TWO_ECHO_STAGES: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: two}
+spec:
+  taskType: echo
+  stages:
+    - name: up
+      spec: {data: {type: list, items: [first, second]}}
+    - name: down
+      spec: {data: {type: list, items: ["${up.items.1.output}", "got ${up.count} items"]}}
+"#;
+
+#[test]
+fn a_placeholder_carries_a_value_downstream() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"])]);
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["up"], "down waits for up");
+    s.complete("w1", "up", 1, json!({"ok": true, "count": 2, "items": [{"output": "first"}, {"output": "second"}]}));
+    let sent = s.route();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].3["data"]["items"],
+        json!(["second", "got 2 items"]),
+        "typed whole placeholder, stringified embedded one"
+    );
+    s.complete("w1", "down", 1, json!({"ok": true}));
+    s.route();
+    assert_eq!(s.workflow(), WorkflowStatus::Completed);
+}
+
+#[test]
+fn a_condition_that_is_not_met_skips_the_stage_and_the_join_still_runs() {
+    let doc = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: cond}
+spec:
+  taskType: echo
+  graph:
+    nodes:
+      - name: judge
+        spec: {data: {type: list, items: [reject]}}
+      - name: publish
+        dependsOn: [judge]
+        spec:
+          condition: {node: judge, field: items.0.output, equals: approve}
+          data: {type: list, items: [published]}
+      - name: report
+        dependsOn: [judge, publish]
+        spec: {data: {type: list, items: [done]}}
+"#;
+    let mut s = Scenario::new(doc, vec![worker("w1", &["echo"])]);
+    s.route();
+    s.complete("w1", "judge", 1, json!({"ok": true, "count": 1, "items": [{"output": "reject"}]}));
+    let sent = s.route();
+    assert_eq!(s.status("publish"), TaskStatus::Skipped);
+    assert!(sent.is_empty(), "report waits for the skip to be folded");
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["report"]);
+    s.complete("w1", "report", 1, json!({"ok": true}));
+    s.route();
+    assert_eq!(s.workflow(), WorkflowStatus::Completed);
+}
+
+#[test]
+fn a_permanent_failure_cascades_and_fails_the_workflow() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"])]);
+    s.route();
+    s.fail("w1", "up", 1, false);
+    s.route();
+    assert_eq!(s.status("up"), TaskStatus::Failed);
+    assert_eq!(s.status("down"), TaskStatus::Failed);
+    assert_eq!(s.state.task("wf-1-down").unwrap().reason.as_deref(), Some("upstream_failed"));
+    s.route();
+    assert_eq!(s.workflow(), WorkflowStatus::Failed);
+}
+
+#[test]
+fn a_retryable_failure_retries_elsewhere_up_to_max_attempts() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"]), worker("w2", &["echo"])]);
+    let first = s.route();
+    let w = first[0].0.clone();
+    s.fail(&w, "up", 1, true);
+    assert_eq!(s.status("up"), TaskStatus::Retrying);
+    s.route(); // requeue
+    let second = s.route();
+    assert_eq!(second[0].2, 2, "attempt 2");
+    assert_ne!(second[0].0, w, "the worker that failed it is avoided");
+    s.fail(&second[0].0, "up", 2, true);
+    s.route();
+    let third = s.route();
+    s.fail(&third[0].0, "up", 3, true);
+    assert_eq!(s.status("up"), TaskStatus::Failed, "three attempts by default");
+}
+
+#[test]
+fn a_lost_worker_s_task_is_requeued_and_its_late_report_ignored() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"]), worker("w2", &["echo"])]);
+    let sent = s.route();
+    let lost = sent[0].0.clone();
+    s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("up", 1), worker_id: lost.clone() }));
+    s.fleet.retain(|w| w.id != lost);
+    s.route();
+    assert_eq!(s.state.task("wf-1-up").unwrap().attempt, 2);
+    let sent = s.route();
+    assert_eq!(sent[0].2, 2);
+    // The lost worker was alive after all and reports attempt 1: ignored.
+    let late = s.complete(&lost, "up", 1, json!({"late": true}));
+    assert_eq!(late, Applied::Ignored("event for a superseded attempt"));
+    assert_eq!(s.complete(&sent[0].0, "up", 2, json!({"ok": true, "count": 0, "items": []})), Applied::Changed);
+    // A duplicate terminal report changes nothing.
+    assert_eq!(s.complete(&sent[0].0, "up", 2, json!({"again": true})), Applied::Ignored("task already ended"));
+    assert_eq!(s.state.task("wf-1-up").unwrap().result, Some(json!({"ok": true, "count": 0, "items": []})));
+}
+
+#[test]
+fn no_capable_worker_fails_after_the_grace_period_but_busy_workers_are_waited_for() {
+    let doc = "apiVersion: flowmesh/v1\nkind: PPO\nmetadata: {name: p}\nspec: {taskType: ppo}\n";
+    let mut s = Scenario::new(doc, vec![worker("cpu", &["echo"])]);
+    s.route();
+    assert_eq!(s.status("main"), TaskStatus::Pending);
+    let pending = s.kinds().iter().filter(|k| **k == "task.pending").count();
+    s.now += 30_000;
+    s.route();
+    assert_eq!(s.kinds().iter().filter(|k| **k == "task.pending").count(), pending, "same reason, no new event");
+    s.now += 31_000;
+    s.route();
+    assert_eq!(s.status("main"), TaskStatus::Failed);
+    let task = s.state.task("wf-1-main").unwrap();
+    assert_eq!(task.reason.as_deref(), Some("no_eligible_worker"));
+    assert!(task.message.as_deref().unwrap().contains("serve task type \"ppo\""), "{:?}", task.message);
+
+    // Busy: the only capable worker has no free slot. No deadline.
+    let mut s =
+        Scenario::new(TWO_ECHO_STAGES.replace("name: two", "name: busy").as_str(), vec![worker("w1", &["echo"])]);
+    s.fleet[0].slots.batch.total = 0;
+    s.route();
+    s.now += 10 * 60_000;
+    s.route();
+    assert_eq!(s.status("up"), TaskStatus::Pending);
+    assert!(s.state.task("wf-1-up").unwrap().pending_message.as_deref().unwrap().contains("no free batch slot"));
+}
+
+#[test]
+fn cancelling_a_workflow_cancels_queued_tasks_without_dispatch() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![]);
+    s.route();
+    s.apply(EventBody::TaskCancelRequested(flowmesh_domain::event::TaskCancelRequested {
+        workflow_id: "wf-1".into(),
+        task_id: None,
+        reason: "operator".into(),
+    }));
+    s.route();
+    assert_eq!((s.status("up"), s.status("down")), (TaskStatus::Cancelled, TaskStatus::Cancelled));
+    s.route();
+    assert_eq!(s.workflow(), WorkflowStatus::Cancelled);
+    assert!(!s.kinds().contains(&"task.dispatched"));
+}
+
+#[test]
+fn a_resolved_spec_that_breaks_a_rule_fails_at_dispatch() {
+    let doc = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: deferred}
+spec:
+  stages:
+    - name: decide
+      spec: {taskType: echo, data: {type: list, items: [0]}}
+    - name: serve
+      spec:
+        taskType: inference
+        model: {source: {type: huggingface, identifier: m}, vllm: {}}
+        resources: {hardware: {gpu: {count: "${decide.items.0.output}"}}}
+"#;
+    let mut s = Scenario::new(doc, vec![worker("w1", &["echo", "inference"])]);
+    s.route();
+    s.complete("w1", "decide", 1, json!({"ok": true, "count": 1, "items": [{"output": 0}]}));
+    s.route();
+    let task = s.state.task("wf-1-serve").unwrap();
+    assert_eq!(task.status, TaskStatus::Failed);
+    assert_eq!(task.reason.as_deref(), Some("spec_validation_failed"));
+    assert!(
+        task.message.as_deref().unwrap().contains("/spec/stages/1/spec/resources/hardware/gpu/count"),
+        "{:?}",
+        task.message
+    );
+}
+
+#[test]
+fn a_busy_fleet_serves_workflows_in_submission_order() {
+    let mut state = State::default();
+    for seq in [10u64, 2, 33] {
+        let id = format!("wf-{seq}");
+        let doc = "apiVersion: flowmesh/v1\nkind: Echo\nmetadata: {name: e}\nspec: {taskType: echo, data: {type: list, items: [x]}}\n";
+        let workflow = validate_submission(doc.as_bytes(), &id).unwrap();
+        let body = EventBody::SubmissionAccepted(SubmissionAccepted {
+            workflow_id: id.clone(),
+            submission: SubmissionRef { stream: "FLOWMESH_SUBMISSIONS".into(), seq, msg_id: None, validated_by: None },
+            task_ids: workflow.tasks.iter().map(|t| t.task_id.clone()).collect(),
+            workflow,
+        });
+        state.apply(&Event::new(body, "t".into(), 0));
+    }
+    // One slot: exactly one dispatch, and it goes to the oldest submission (wf-2, not "wf-10" < "wf-2").
+    let actions = decide(&state, &[worker("w1", &["echo"])], 0, &Config::default());
+    let dispatched: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Dispatch { order, .. } => Some(order.workflow_id.clone()),
+            Action::Publish(_) => None,
+        })
+        .collect();
+    assert_eq!(dispatched, ["wf-2"]);
+}

@@ -1,0 +1,261 @@
+//! Placement as tables: which workers fit, why the others do not, and who wins.
+
+use flowmesh_domain::fleet::{SshLimits, WorkerSnapshot};
+use flowmesh_domain::placement::{Candidate, Exclusion, Placement, Strategy, explain, place, request_for};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+mod common;
+
+use common::{GIB, worker};
+
+fn gb10(id: &str, shared_gib: u64) -> WorkerSnapshot {
+    let mut w = worker(id, &["inference"], 20, shared_gib, &[("NVIDIA GB10", 0)]);
+    w.hardware.unified_memory = true;
+    w.hardware.shared_memory_bytes = shared_gib * GIB;
+    w
+}
+
+fn candidate(w: &WorkerSnapshot) -> Candidate<'_> {
+    Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false }
+}
+
+fn spec(hardware: Value) -> Value {
+    json!({ "resources": { "hardware": hardware } })
+}
+
+/// One row: a task type and hardware request against one worker, and whether it fits.
+fn check(task_type: &str, hardware: Value, w: &WorkerSnapshot, fits: bool) {
+    let request = request_for(task_type, &spec(hardware.clone()), None).expect("request parses");
+    let exclusions = explain(&request, &candidate(w));
+    assert_eq!(exclusions.is_empty(), fits, "{task_type} {hardware} on {}: {exclusions:?}", w.id);
+}
+
+#[test]
+fn gpu_hardware_table() {
+    let four_a100 = worker("a100x4", &["sft"], 64, 512, &[("NVIDIA A100-SXM4-80GB", 80); 4]);
+    let one_a100 = worker("a100x1", &["sft"], 64, 512, &[("NVIDIA A100-SXM4-80GB", 80)]);
+    let t4 = worker("t4", &["sft"], 16, 64, &[("Tesla T4", 16)]);
+    check("sft", json!({"gpu": {"count": 2}}), &four_a100, true);
+    check("sft", json!({"gpu": {"count": 4}}), &one_a100, false);
+    check("sft", json!({"gpu": {"count": 1, "memory": "40GB"}}), &one_a100, true);
+    check("sft", json!({"gpu": {"count": 1, "memory": "40GB"}}), &t4, false);
+    check("sft", json!({"gpu": {"count": 1, "type": "A100"}}), &one_a100, true);
+    check("sft", json!({"gpu": {"count": 1, "type": "a100"}}), &one_a100, true);
+    check("sft", json!({"gpu": {"count": 1, "type": "T4"}}), &one_a100, false);
+    check("sft", json!({"gpu": {"count": 1, "type": "T4"}}), &t4, true);
+    for wildcard in ["any", "auto", "*", ""] {
+        check("sft", json!({"gpu": {"count": 1, "type": wildcard}}), &t4, true);
+    }
+    check("sft", json!({"gpu": {"count": 1}}), &worker("cpu", &["sft"], 64, 512, &[]), false);
+    check("sft", json!({"gpu": {"count": 0}}), &worker("cpu", &["sft"], 64, 512, &[]), true);
+}
+
+#[test]
+fn unified_memory_uses_the_shared_pool() {
+    check("inference", json!({"gpu": {"count": 1, "memory": "64Gi"}}), &gb10("gb10-128", 128), true);
+    check("inference", json!({"gpu": {"count": 1, "memory": "64Gi"}}), &gb10("gb10-32", 32), false);
+}
+
+#[test]
+fn cpu_memory_and_ssh_caps() {
+    let mut capped = worker("capped", &["ssh", "python"], 16, 64, &[]);
+    capped.ssh_limits = Some(SshLimits { max_cpu: Some(4.0), max_memory_bytes: Some(8 * GIB), max_pids: None });
+    check("ssh", json!({"cpu": 8}), &capped, false);
+    check("python", json!({"cpu": 8}), &capped, true);
+    check("ssh", json!({"cpu": "4"}), &capped, true);
+    check("ssh", json!({"memory": "16Gi"}), &capped, false);
+    check("python", json!({"memory": "16Gi"}), &capped, true);
+    check("python", json!({"cpu": 32}), &capped, false);
+    check("python", json!({"memory": "128Gi"}), &capped, false);
+}
+
+#[test]
+fn a_worker_that_serves_nothing_is_never_chosen() {
+    let empty = worker("empty", &[], 128, 1024, &[("NVIDIA H100", 80); 8]);
+    check("echo", json!({}), &empty, false);
+    let request = request_for("echo", &json!({}), None).unwrap();
+    let placed = place(&request, "s", "t", &[candidate(&empty)], Strategy::BestFit, &BTreeSet::new(), 0);
+    assert!(matches!(placed, Placement::Pending(ref e) if e.capable == 0), "{placed:?}");
+}
+
+#[test]
+fn slots_cordons_and_drains_are_transient() {
+    let w = worker("w", &["echo"], 4, 8, &[]);
+    let request = request_for("echo", &json!({}), None).unwrap();
+    let busy = Candidate { batch_in_use: 2, ..candidate(&w) };
+    assert_eq!(explain(&request, &busy), vec![Exclusion::NoFreeSlot { service: false }]);
+    let cordoned = Candidate { cordoned: true, ..candidate(&w) };
+    assert_eq!(explain(&request, &cordoned), vec![Exclusion::Cordoned]);
+    let placed = place(&request, "s", "t", &[busy], Strategy::BestFit, &BTreeSet::new(), 0);
+    match placed {
+        Placement::Pending(e) => assert_eq!(
+            (e.capable, e.message.as_str()),
+            (1, "0/1 workers can run stage \"s\": 1 has no free batch slot")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn explanation_counts_per_reason() {
+    let cpu1 = worker("cpu-1", &["echo", "python"], 8, 32, &[]);
+    let cpu2 = worker("cpu-2", &["echo"], 8, 32, &[]);
+    let t4 = worker("t4", &["ppo"], 8, 32, &[("Tesla T4", 16)]);
+    let request =
+        request_for("ppo", &spec(json!({"gpu": {"count": 1, "type": "H100", "memory": "40GB"}})), None).unwrap();
+    let fleet = [candidate(&cpu1), candidate(&cpu2), candidate(&t4)];
+    match place(&request, "train", "wf-1-train", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Pending(e) => {
+            assert_eq!(
+                e.message,
+                "0/3 workers can run stage \"train\": 2 do not serve task type \"ppo\", 1 has 0 of 1 GPUs matching H100 >= 40 GiB"
+            );
+            assert_eq!(e.capable, 0);
+            assert_eq!(
+                e.reasons.iter().map(|r| (r.code.as_str(), r.count)).collect::<Vec<_>>(),
+                [("task_type", 2), ("gpu", 1)]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn selected_worker_restricts_the_choice() {
+    let a = worker("a", &["echo"], 8, 32, &[]);
+    let b = worker("b", &["echo"], 64, 256, &[]);
+    let request = request_for("echo", &json!({}), Some(vec!["a".to_owned()])).unwrap();
+    match place(&request, "s", "t", &[candidate(&a), candidate(&b)], Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn chosen(strategy: Strategy, fleet: &[WorkerSnapshot], task_type: &str, task_id: &str) -> String {
+    let request = request_for(task_type, &json!({}), None).unwrap();
+    let candidates: Vec<Candidate<'_>> = fleet.iter().map(candidate).collect();
+    match place(&request, "s", task_id, &candidates, strategy, &BTreeSet::new(), 10_000_000) {
+        Placement::Chosen { worker_id, .. } => worker_id,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn strategies_pick_as_documented() {
+    let small = worker("small", &["sft", "echo"], 8, 32, &[]);
+    let mut big = worker("big", &["sft", "echo"], 64, 512, &[("NVIDIA H100", 80); 8]);
+    big.cost_per_hour = 30.0;
+    let mut mid = worker("mid", &["sft", "echo"], 32, 128, &[("NVIDIA L4", 24)]);
+    mid.cost_per_hour = 3.0;
+    let fleet = [small.clone(), big.clone(), mid.clone()];
+    // first_fit: the first eligible by id.
+    assert_eq!(chosen(Strategy::FirstFit, &fleet, "sft", "t"), "big");
+    // min_satisfying: the smallest worker that fits.
+    assert_eq!(chosen(Strategy::MinSatisfying, &fleet, "sft", "t"), "small");
+    // best_fit, training (λ = 0.8): throughput dominates cost → the big GPU box.
+    assert_eq!(chosen(Strategy::BestFit, &fleet, "sft", "t"), "big");
+    // best_fit, other types (λ = 0.5), score = λ·T̂ − (1−λ)·Ĉ with min-max normalised throughput T
+    // (small 20, mid 204, big 1728) and cost C (1, 3, 30): small 0, big 0, mid 0.054 − 0.034 > 0.
+    assert_eq!(chosen(Strategy::BestFit, &fleet, "echo", "t"), "mid", "best value wins when throughput counts half");
+}
+
+#[test]
+fn ties_break_deterministically() {
+    let fleet: Vec<WorkerSnapshot> = ["w-a", "w-b", "w-c"].iter().map(|id| worker(id, &["echo"], 8, 32, &[])).collect();
+    let mut reversed = fleet.clone();
+    reversed.reverse();
+    for task in ["t1", "t2", "t3", "t4"] {
+        let a = chosen(Strategy::BestFit, &fleet, "echo", task);
+        assert_eq!(a, chosen(Strategy::BestFit, &fleet, "echo", task), "same inputs, same choice");
+        assert_eq!(a, chosen(Strategy::BestFit, &reversed, "echo", task), "fleet order does not matter");
+    }
+    assert_eq!(chosen(Strategy::FirstFit, &reversed, "echo", "t"), "w-a");
+    // Longest idle wins among otherwise equal workers under min_satisfying.
+    let mut idle = fleet.clone();
+    idle[2].idle_since_ms = Some(0);
+    assert_eq!(chosen(Strategy::MinSatisfying, &idle, "echo", "t"), "w-c");
+}
+
+#[test]
+fn failed_workers_are_avoided_while_others_exist() {
+    let a = worker("a", &["echo"], 8, 32, &[]);
+    let b = worker("b", &["echo"], 8, 32, &[]);
+    let request = request_for("echo", &json!({}), None).unwrap();
+    let avoid: BTreeSet<String> = ["a".to_owned()].into();
+    for task in ["t1", "t2", "t3"] {
+        match place(&request, "s", task, &[candidate(&a), candidate(&b)], Strategy::BestFit, &avoid, 0) {
+            Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "b"),
+            other => panic!("{other:?}"),
+        }
+    }
+    match place(&request, "s", "t", &[candidate(&a)], Strategy::BestFit, &avoid, 0) {
+        Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a", "a failed worker is still better than none"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The fast walk (best static score first, stopping early) and the full walk always agree.
+#[test]
+fn the_fast_placement_picks_what_the_full_one_picks() {
+    use flowmesh_domain::placement::FleetIndex;
+    let mut seed = 0x2545F4914F6CDD1Du64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let types = ["echo", "sft", "inference", "ssh"];
+    for round in 0..200 {
+        let fleet: Vec<WorkerSnapshot> = (0..(1 + next(40)))
+            .map(|i| {
+                let serves: Vec<&str> = types.iter().copied().filter(|_| next(3) > 0).collect();
+                let gpus: Vec<(&str, u64)> = (0..next(3))
+                    .map(|_| {
+                        (["NVIDIA H100", "NVIDIA A100", "Tesla T4"][next(3) as usize], [16, 40, 80][next(3) as usize])
+                    })
+                    .collect();
+                let mut w = worker(
+                    &format!("w{i:02}"),
+                    &serves,
+                    [4, 8, 32][next(3) as usize] as u32,
+                    [8, 64, 256][next(3) as usize],
+                    &gpus,
+                );
+                w.cost_per_hour = 1.0 + next(5) as f64;
+                w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
+                w
+            })
+            .collect();
+        let candidates: Vec<Candidate<'_>> = fleet
+            .iter()
+            .map(|w| Candidate {
+                snapshot: w,
+                batch_in_use: next(3) as u32,
+                service_in_use: 0,
+                cordoned: next(10) == 0,
+            })
+            .collect();
+        let index = FleetIndex::new(&candidates);
+        let avoid: BTreeSet<String> = fleet.iter().filter(|_| next(8) == 0).map(|w| w.id.clone()).collect();
+        for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
+            for t in types {
+                let hw = match next(3) {
+                    0 => json!({}),
+                    1 => json!({"cpu": 8, "memory": "32Gi"}),
+                    _ => json!({"gpu": {"count": 1 + next(2), "memory": "20GB"}}),
+                };
+                let request = request_for(t, &spec(hw), None).unwrap();
+                let task = format!("wf-{round}-{t}");
+                let fast = index.place(&request, "s", &task, strategy, &avoid, 7_200_000);
+                let full = index.place_explained(&request, "s", &task, strategy, &avoid, 7_200_000);
+                let pick = |p: &Placement| match p {
+                    Placement::Chosen { worker_id, .. } => Some(worker_id.clone()),
+                    Placement::Pending(_) => None,
+                };
+                assert_eq!(pick(&fast), pick(&full), "round {round}, {strategy:?}, {t}");
+            }
+        }
+    }
+}

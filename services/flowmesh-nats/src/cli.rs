@@ -1,0 +1,121 @@
+//! What every binary shares: NATS connection flags, tracing set-up, Ctrl-C/SIGTERM handling.
+
+use crate::connect::{NatsOptions, connect};
+use crate::shutdown::{self, Shutdown, Trigger};
+use crate::topology::{Handles, Topology};
+use std::path::PathBuf;
+
+/// Connection flags; each also reads its environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", global = true)]
+    pub nats_url: String,
+    /// Credentials file (JWT + nkey seed).
+    #[arg(long, env = "NATS_CREDS", global = true)]
+    pub nats_creds: Option<PathBuf>,
+    #[arg(long, env = "NATS_USER", global = true)]
+    pub nats_user: Option<String>,
+    #[arg(long, env = "NATS_PASSWORD", global = true, hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// CA bundle to verify the server (turns TLS on).
+    #[arg(long, env = "NATS_TLS_CA", global = true)]
+    pub nats_tls_ca: Option<PathBuf>,
+    #[arg(long, env = "NATS_TLS_CERT", global = true)]
+    pub nats_tls_cert: Option<PathBuf>,
+    #[arg(long, env = "NATS_TLS_KEY", global = true)]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics); off when unset.
+    #[arg(long, env = "METRICS_ADDR", global = true)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Replicas for streams and buckets this process creates (1 for a single server, 3 on a cluster).
+    #[arg(long, env = "FLOWMESH_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5), global = true)]
+    pub replicas: u8,
+}
+
+impl NatsArgs {
+    pub fn options(&self, name: &str) -> NatsOptions {
+        NatsOptions {
+            url: self.nats_url.clone(),
+            creds: self.nats_creds.clone(),
+            user: self.nats_user.clone(),
+            password: self.nats_password.clone(),
+            tls_ca: self.nats_tls_ca.clone(),
+            tls_cert: self.nats_tls_cert.clone(),
+            tls_key: self.nats_tls_key.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Connects and applies the topology from `streams/`.
+    /// Waits up to `JETSTREAM_WAIT` for JetStream to answer (a cluster electing its leader, a
+    /// server still starting); a conflicting definition fails at once.
+    pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
+        let client = connect(&self.options(name)).await?;
+        let topology = Topology::load(usize::from(self.replicas))?;
+        let started = std::time::Instant::now();
+        loop {
+            match Handles::ensure(&client, &topology).await {
+                Ok(handles) => return Ok((client, handles)),
+                Err(e @ crate::EdgeError::Transient { .. }) if started.elapsed() < JETSTREAM_WAIT => {
+                    tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl NatsArgs {
+    /// Starts the Prometheus endpoint when `METRICS_ADDR` is set. Once per process: every service
+    /// in it (all of them under `flowmesh dev`) reports to the same registry.
+    pub fn install_metrics(&self) -> anyhow::Result<()> {
+        if let Some(addr) = self.metrics_addr {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+                .map_err(|e| anyhow::anyhow!("METRICS_ADDR: cannot serve metrics on {addr}: {e}"))?;
+            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+        }
+        Ok(())
+    }
+}
+
+/// How long a process waits for JetStream at start-up before it gives up.
+pub const JETSTREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Sets up `tracing`: `RUST_LOG` filters (default `info`), `FLOWMESH_LOG_JSON=1` for JSON lines.
+pub fn init_tracing() {
+    init_tracing_with("info,async_nats=warn");
+}
+
+/// As `init_tracing`, with another default filter (`flowmesh dev` keeps the terminal quiet).
+pub fn init_tracing_with(default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into());
+    let json = std::env::var("FLOWMESH_LOG_JSON").is_ok_and(|v| v == "1" || v == "true");
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// A shutdown that fires on Ctrl-C or SIGTERM.
+pub fn shutdown_on_signals() -> (std::sync::Arc<Trigger>, Shutdown) {
+    let (trigger, shutdown) = shutdown::channel();
+    let trigger = std::sync::Arc::new(trigger);
+    let t = trigger.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+        t.fire();
+    });
+    (trigger, shutdown)
+}

@@ -1,0 +1,82 @@
+//! Every subject, stream, bucket and consumer name. Nothing else spells one.
+
+pub const SUBMIT: &str = "flowmesh.submit";
+pub const EVENTS_PREFIX: &str = "flowmesh.events";
+pub const WORK_PREFIX: &str = "flowmesh.work";
+/// Core-NATS subject on which a worker hears cancellations: `flowmesh.control.<worker_id>.cancel`.
+pub const CONTROL_PREFIX: &str = "flowmesh.control";
+pub const LOGS_PREFIX: &str = "flowmesh.logs";
+/// Subjects of the temporary streams `flowmesh bench --raw` creates: `flowmesh.bench.raw.<nonce>`.
+/// No product stream listens below `flowmesh.bench`, so the raw measurement never mixes with them.
+pub const BENCH_RAW_PREFIX: &str = "flowmesh.bench.raw";
+
+pub const SUBMISSIONS_STREAM: &str = "FLOWMESH_SUBMISSIONS";
+pub const EVENTS_STREAM: &str = "FLOWMESH_EVENTS";
+pub const WORK_STREAM: &str = "FLOWMESH_WORK";
+pub const WORKERS_BUCKET: &str = "flowmesh_workers";
+pub const ARTIFACTS_BUCKET: &str = "flowmesh_artifacts";
+pub const CONTROL_BUCKET: &str = "flowmesh_control";
+/// Names of the temporary streams of `flowmesh bench --raw`, deleted when the measurement ends.
+pub const BENCH_RAW_STREAM_PREFIX: &str = "FLOWMESH_BENCH_RAW_";
+
+/// The durable consumer all validators share (competing consumers).
+pub const VALIDATORS_CONSUMER: &str = "validators";
+
+/// `flowmesh.events.<workflow>.<task>.<noun>.<verb>`.
+pub fn event(suffix: &str) -> String {
+    format!("{EVENTS_PREFIX}.{suffix}")
+}
+
+/// Every event of one workflow.
+pub fn workflow_events(workflow_id: &str) -> String {
+    format!("{EVENTS_PREFIX}.{workflow_id}.>")
+}
+
+/// Every event of one task.
+pub fn task_events(task_id: &str) -> String {
+    format!("{EVENTS_PREFIX}.*.{task_id}.>")
+}
+
+pub fn work(worker_id: &str) -> String {
+    format!("{WORK_PREFIX}.{worker_id}")
+}
+
+/// The durable consumer of one worker on its work subject.
+pub fn work_consumer(worker_id: &str) -> String {
+    format!("worker-{worker_id}")
+}
+
+pub fn cancel(worker_id: &str) -> String {
+    format!("{CONTROL_PREFIX}.{worker_id}.cancel")
+}
+
+/// Core-NATS subject carrying a running task's output as it is written:
+/// `flowmesh.logs.<task_id>.stdout` / `.stderr` (best effort; the stored logs are complete).
+pub fn logs(task_id: &str, stream: &str) -> String {
+    format!("{LOGS_PREFIX}.{task_id}.{stream}")
+}
+
+/// The status endpoint of a service: `flowmesh.router.status`, `flowmesh.worker.<id>.status`, …
+pub fn status(scope: &str) -> String {
+    format!("flowmesh.{scope}.status")
+}
+
+/// The NATS micro-service name of a service (`$SRV.PING.flowmesh-router`).
+pub fn service_name(service: &str) -> String {
+    format!("flowmesh-{service}")
+}
+
+/// The object name of a task's file: `<task_id>/<path>`.
+pub fn artifact(task_id: &str, path: &str) -> String {
+    format!("{task_id}/{path}")
+}
+
+/// The subject of one `flowmesh bench --raw` run.
+pub fn bench_raw(nonce: &str) -> String {
+    format!("{BENCH_RAW_PREFIX}.{nonce}")
+}
+
+/// The temporary stream of one `flowmesh bench --raw` run.
+pub fn bench_raw_stream(nonce: &str) -> String {
+    format!("{BENCH_RAW_STREAM_PREFIX}{nonce}")
+}

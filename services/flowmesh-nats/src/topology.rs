@@ -1,0 +1,272 @@
+//! The streams, buckets and object store, defined in `streams/` and applied idempotently.
+//!
+//! `streams/*.json` are embedded at build time: the files are the single source of truth. A
+//! definition that already exists and differs is a `Conflict`: we never delete or rewrite data.
+
+use crate::error::EdgeError;
+use crate::subjects;
+use async_nats::jetstream::{self, kv, object_store, stream};
+use serde::Deserialize;
+use std::time::Duration;
+
+const SUBMISSIONS: &str = include_str!("../../../streams/FLOWMESH_SUBMISSIONS.json");
+const EVENTS: &str = include_str!("../../../streams/FLOWMESH_EVENTS.json");
+const WORK: &str = include_str!("../../../streams/FLOWMESH_WORK.json");
+const WORKERS: &str = include_str!("../../../streams/flowmesh_workers.kv.json");
+const CONTROL: &str = include_str!("../../../streams/flowmesh_control.kv.json");
+const ARTIFACTS: &str = include_str!("../../../streams/flowmesh_artifacts.obj.json");
+
+/// A key-value bucket definition (`streams/*.kv.json`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvDef {
+    pub bucket: String,
+    pub description: String,
+    pub history: i64,
+    pub max_age_sec: u64,
+    pub max_value_size: i32,
+    pub storage: stream::StorageType,
+    pub num_replicas: usize,
+}
+
+/// An object store definition (`streams/*.obj.json`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjDef {
+    pub bucket: String,
+    pub description: String,
+    pub max_age_sec: u64,
+    pub storage: stream::StorageType,
+    pub num_replicas: usize,
+}
+
+/// Every definition, with the replica count chosen for this deployment.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub streams: Vec<stream::Config>,
+    pub buckets: Vec<KvDef>,
+    pub objects: Vec<ObjDef>,
+}
+
+impl Topology {
+    /// Loads the embedded definitions; `replicas` overrides `num_replicas` everywhere.
+    pub fn load(replicas: usize) -> Result<Topology, EdgeError> {
+        let stream = |file: &'static str, text: &str| -> Result<stream::Config, EdgeError> {
+            let mut config: stream::Config =
+                serde_json::from_str(text).map_err(|e| EdgeError::Definition { file, message: e.to_string() })?;
+            config.num_replicas = replicas;
+            Ok(config)
+        };
+        let kv = |file: &'static str, text: &str| -> Result<KvDef, EdgeError> {
+            let mut def: KvDef =
+                serde_json::from_str(text).map_err(|e| EdgeError::Definition { file, message: e.to_string() })?;
+            def.num_replicas = replicas;
+            Ok(def)
+        };
+        let mut artifacts: ObjDef = serde_json::from_str(ARTIFACTS)
+            .map_err(|e| EdgeError::Definition { file: "flowmesh_artifacts.obj.json", message: e.to_string() })?;
+        artifacts.num_replicas = replicas;
+        Ok(Topology {
+            streams: vec![
+                stream("FLOWMESH_SUBMISSIONS.json", SUBMISSIONS)?,
+                stream("FLOWMESH_EVENTS.json", EVENTS)?,
+                stream("FLOWMESH_WORK.json", WORK)?,
+            ],
+            buckets: vec![kv("flowmesh_workers.kv.json", WORKERS)?, kv("flowmesh_control.kv.json", CONTROL)?],
+            objects: vec![artifacts],
+        })
+    }
+}
+
+/// Handles on everything a service uses, once the topology is in place.
+#[derive(Clone)]
+pub struct Handles {
+    pub js: jetstream::Context,
+    pub workers: kv::Store,
+    pub control: kv::Store,
+    pub artifacts: object_store::ObjectStore,
+}
+
+impl Handles {
+    /// Applies the topology (creating what is missing, refusing conflicts) and opens the handles.
+    pub async fn ensure(client: &async_nats::Client, topology: &Topology) -> Result<Handles, EdgeError> {
+        let js = jetstream::new(client.clone());
+        for config in &topology.streams {
+            ensure_stream(&js, config).await?;
+        }
+        for def in &topology.buckets {
+            ensure_kv(&js, def).await?;
+        }
+        for def in &topology.objects {
+            ensure_object_store(&js, def).await?;
+        }
+        let kv = |name: &'static str| {
+            let js = js.clone();
+            async move {
+                js.get_key_value(name).await.map_err(|e| EdgeError::transient(format!("opening bucket {name}"), e))
+            }
+        };
+        let workers = kv(subjects::WORKERS_BUCKET).await?;
+        let control = kv(subjects::CONTROL_BUCKET).await?;
+        let artifacts = js
+            .get_object_store(subjects::ARTIFACTS_BUCKET)
+            .await
+            .map_err(|e| EdgeError::transient("opening the artifacts store", e))?;
+        Ok(Handles { js, workers, control, artifacts })
+    }
+}
+
+async fn existing(js: &jetstream::Context, name: &str) -> Result<Option<stream::Config>, EdgeError> {
+    match js.get_stream(name).await {
+        Ok(mut s) => {
+            let info = s.info().await.map_err(|e| EdgeError::transient(format!("reading stream {name}"), e))?;
+            Ok(Some(info.config.clone()))
+        }
+        Err(e) if is_not_found(&e.to_string()) => Ok(None),
+        Err(e) => Err(EdgeError::transient(format!("looking up stream {name}"), e)),
+    }
+}
+
+fn is_not_found(message: &str) -> bool {
+    let m = message.to_lowercase();
+    m.contains("not found") || m.contains("10059")
+}
+
+fn conflict(
+    kind: &'static str,
+    name: &str,
+    field: &'static str,
+    expected: impl std::fmt::Debug,
+    found: impl std::fmt::Debug,
+) -> EdgeError {
+    EdgeError::Conflict {
+        kind,
+        name: name.to_owned(),
+        field,
+        expected: format!("{expected:?}"),
+        found: format!("{found:?}"),
+    }
+}
+
+/// The fields whose difference changes behaviour; the rest (description, limits we do not set)
+/// may drift without harm.
+fn compare_stream(want: &stream::Config, have: &stream::Config) -> Result<(), EdgeError> {
+    let name = &want.name;
+    let mut want_subjects = want.subjects.clone();
+    let mut have_subjects = have.subjects.clone();
+    want_subjects.sort();
+    have_subjects.sort();
+    if want_subjects != have_subjects {
+        return Err(conflict("stream", name, "subjects", want_subjects, have_subjects));
+    }
+    if want.retention != have.retention {
+        return Err(conflict("stream", name, "retention", want.retention, have.retention));
+    }
+    if want.storage != have.storage {
+        return Err(conflict("stream", name, "storage", want.storage, have.storage));
+    }
+    if want.discard != have.discard {
+        return Err(conflict("stream", name, "discard", want.discard, have.discard));
+    }
+    if want.max_age != have.max_age {
+        return Err(conflict("stream", name, "max_age", want.max_age, have.max_age));
+    }
+    if want.max_message_size != have.max_message_size {
+        return Err(conflict("stream", name, "max_msg_size", want.max_message_size, have.max_message_size));
+    }
+    if want.duplicate_window != have.duplicate_window {
+        return Err(conflict("stream", name, "duplicate_window", want.duplicate_window, have.duplicate_window));
+    }
+    // Replicas are a property of the deployment, not of the definition: a client started with the
+    // default of 1 must work against a cluster that runs R3. Say so, do not refuse.
+    if want.num_replicas != have.num_replicas {
+        tracing::debug!(stream = %name, have = have.num_replicas, asked = want.num_replicas, "stream has another replica count");
+    }
+    Ok(())
+}
+
+async fn ensure_stream(js: &jetstream::Context, config: &stream::Config) -> Result<(), EdgeError> {
+    if let Some(have) = existing(js, &config.name).await? {
+        return compare_stream(config, &have);
+    }
+    match js.create_stream(config.clone()).await {
+        Ok(_) => Ok(()),
+        // Another service created it between our look-up and our create: compare with theirs.
+        Err(e) => match existing(js, &config.name).await? {
+            Some(have) => compare_stream(config, &have),
+            None => Err(EdgeError::transient(format!("creating stream {}", config.name), e)),
+        },
+    }
+}
+
+fn compare_bucket(
+    kind: &'static str,
+    name: &str,
+    max_age: Duration,
+    history: Option<i64>,
+    have: &stream::Config,
+) -> Result<(), EdgeError> {
+    if have.max_age != max_age {
+        return Err(conflict(kind, name, "max_age", max_age, have.max_age));
+    }
+    if let Some(history) = history
+        && have.max_messages_per_subject != history
+    {
+        return Err(conflict(kind, name, "history", history, have.max_messages_per_subject));
+    }
+    Ok(())
+}
+
+async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError> {
+    let stream_name = format!("KV_{}", def.bucket);
+    let max_age = Duration::from_secs(def.max_age_sec);
+    if let Some(have) = existing(js, &stream_name).await? {
+        return compare_bucket("bucket", &def.bucket, max_age, Some(def.history), &have);
+    }
+    let config = kv::Config {
+        bucket: def.bucket.clone(),
+        description: def.description.clone(),
+        history: def.history,
+        max_age,
+        max_value_size: def.max_value_size,
+        storage: def.storage,
+        num_replicas: def.num_replicas,
+        ..Default::default()
+    };
+    if let Err(e) = js.create_key_value(config).await {
+        match existing(js, &stream_name).await? {
+            Some(have) => {
+                return compare_bucket("bucket", &def.bucket, max_age, Some(def.history), &have);
+            }
+            None => {
+                return Err(EdgeError::transient(format!("creating bucket {}", def.bucket), e));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<(), EdgeError> {
+    let stream_name = format!("OBJ_{}", def.bucket);
+    let max_age = Duration::from_secs(def.max_age_sec);
+    if let Some(have) = existing(js, &stream_name).await? {
+        return compare_bucket("object store", &def.bucket, max_age, None, &have);
+    }
+    let config = object_store::Config {
+        bucket: def.bucket.clone(),
+        description: Some(def.description.clone()),
+        max_age,
+        storage: def.storage,
+        num_replicas: def.num_replicas,
+        ..Default::default()
+    };
+    if let Err(e) = js.create_object_store(config).await {
+        match existing(js, &stream_name).await? {
+            Some(have) => return compare_bucket("object store", &def.bucket, max_age, None, &have),
+            None => {
+                return Err(EdgeError::transient(format!("creating object store {}", def.bucket), e));
+            }
+        }
+    }
+    Ok(())
+}

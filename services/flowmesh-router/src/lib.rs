@@ -1,0 +1,411 @@
+//! The router: folds the event log, watches the fleet, and turns the scheduling core's
+//! decisions into events and work orders. One instance acts at a time (the lease); the others
+//! fold the log too, so a standby takes over already warm.
+
+pub mod checkpoint;
+pub mod lease;
+
+use async_nats::jetstream::{self, consumer, kv};
+use flowmesh_domain::event::{WorkerJoined, WorkerLost};
+use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::placement::Strategy;
+use flowmesh_domain::schedule::{self, Action};
+use flowmesh_domain::state::{State, TaskStatus};
+use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::{EdgeError, Handles, Shutdown, clock, publish, subjects};
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tracing::{debug, info, warn};
+
+/// Flags and environment variables of the router.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterArgs {
+    /// Seconds a task may find no capable worker before it fails with no_eligible_worker.
+    #[arg(long, env = "TASK_NO_WORKER_GRACE_SEC", default_value_t = 60)]
+    pub task_no_worker_grace_sec: u64,
+    /// best_fit, first_fit or min_satisfying.
+    #[arg(long, env = "ROUTER_STRATEGY", default_value = "best_fit")]
+    pub router_strategy: String,
+    /// Seconds the router lease lasts without renewal (a standby takes over within this).
+    #[arg(long, env = "ROUTER_LEASE_TTL_SEC", default_value_t = 10)]
+    pub router_lease_ttl_sec: u64,
+    /// This instance's name in the lease. Default: hostname and process id.
+    #[arg(long, env = "ROUTER_ID")]
+    pub router_id: Option<String>,
+    /// Folder for a checkpoint of the fold, so a restart replays only newer events. Default: none
+    /// (replay the whole log).
+    #[arg(long, env = "ROUTER_CHECKPOINT_DIR")]
+    pub router_checkpoint_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub schedule: schedule::Config,
+    pub lease_ttl: Duration,
+    pub instance: String,
+    /// How often the router re-evaluates time-based rules (staleness, grace periods, lease).
+    pub tick: Duration,
+    pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// How often the checkpoint is written while events flow.
+    pub checkpoint_every: Duration,
+}
+
+impl RouterArgs {
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let strategy: Strategy = self.router_strategy.parse().map_err(|e| anyhow::anyhow!("ROUTER_STRATEGY: {e}"))?;
+        if self.router_lease_ttl_sec == 0 {
+            anyhow::bail!("ROUTER_LEASE_TTL_SEC: expected a whole number greater than 0, found 0");
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Ok(Config {
+            schedule: schedule::Config { no_worker_grace_ms: self.task_no_worker_grace_sec * 1000, strategy },
+            lease_ttl: Duration::from_secs(self.router_lease_ttl_sec),
+            instance: self.router_id.clone().unwrap_or_else(|| format!("{}-{}", host.trim(), std::process::id())),
+            tick: Duration::from_millis(500),
+            checkpoint_dir: self.router_checkpoint_dir.clone(),
+            checkpoint_every: Duration::from_secs(10),
+        })
+    }
+}
+
+/// A worker as the router sees it: its snapshot and when that was written.
+struct Seen {
+    snapshot: WorkerSnapshot,
+    updated_ms: u64,
+    /// The bucket revision it came from: an older value (the watch replaying history) never
+    /// replaces a newer one.
+    revision: u64,
+    /// Deleted from the bucket: the worker left.
+    left: bool,
+}
+
+struct Router {
+    config: Config,
+    handles: Handles,
+    client: async_nats::Client,
+    state: State,
+    fleet: BTreeMap<String, Seen>,
+    /// The stream sequence the fold must reach before the router may act.
+    target_seq: u64,
+    leader: bool,
+    /// Work orders re-sent after taking the lease (a dispatch a crash may have cut short).
+    resent_after_takeover: bool,
+}
+
+/// Runs until `shutdown` fires.
+pub async fn run(
+    config: Config,
+    client: async_nats::Client,
+    handles: Handles,
+    mut shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    let mut events_stream = handles.js.get_stream(subjects::EVENTS_STREAM).await?;
+    let last = events_stream.info().await?.state.last_sequence;
+    let mut checkpoint = match &config.checkpoint_dir {
+        Some(dir) => Some(checkpoint::Checkpoint::open(dir)?),
+        None => None,
+    };
+    let state = checkpoint.as_mut().and_then(|c| c.load(last)).unwrap_or_default();
+    let deliver_policy = match state.last_seq {
+        0 => consumer::DeliverPolicy::All,
+        seq => consumer::DeliverPolicy::ByStartSequence { start_sequence: seq + 1 },
+    };
+    let consumer =
+        events_stream.create_consumer(consumer::pull::OrderedConfig { deliver_policy, ..Default::default() }).await?;
+    let mut events = consumer.messages().await?;
+    let mut watch = handles.workers.watch_with_history(">").await?;
+    // The fleet as it is now, read before the router may act: deciding on a partial fleet would
+    // take live workers for lost ones and requeue their running tasks.
+    let mut current = Vec::new();
+    let mut keys = handles.workers.keys().await?;
+    while let Some(key) = keys.next().await {
+        if let Some(entry) = handles.workers.entry(key?).await? {
+            current.push(entry);
+        }
+    }
+    let mut router = Router {
+        config,
+        handles,
+        client,
+        state,
+        fleet: BTreeMap::new(),
+        target_seq: last,
+        leader: false,
+        resent_after_takeover: false,
+    };
+    for entry in current {
+        router.observe(entry);
+    }
+    info!(instance = %router.config.instance, from = router.state.last_seq, replay_to = last, workers = router.fleet.len(), "router starting");
+    let mut last_checkpoint = tokio::time::Instant::now();
+    let status = flowmesh_nats::status::Status::default();
+    let _service = flowmesh_nats::status::serve(
+        &router.client,
+        "router",
+        "router",
+        "FlowMesh router: placement and lifecycle",
+        status.clone(),
+    )
+    .await?;
+    let mut tick = tokio::time::interval(router.config.tick);
+    let mut lease_tick = tokio::time::interval(router.config.lease_ttl / 3);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            next = events.next() => match next {
+                Some(Ok(message)) => router.fold(&message),
+                Some(Err(e)) => { warn!(error = %e, "event stream interrupted; resuming"); continue; }
+                None => anyhow::bail!("the event stream consumer ended"),
+            },
+            next = watch.next() => match next {
+                Some(Ok(entry)) => router.observe(entry),
+                Some(Err(e)) => { warn!(error = %e, "fleet watch interrupted"); continue; }
+                None => anyhow::bail!("the fleet watch ended"),
+            },
+            _ = lease_tick.tick() => router.renew_lease().await,
+            _ = tick.tick() => {
+                router.resend_cancels().await;
+                if let Some(c) = checkpoint.as_mut()
+                    && router.caught_up()
+                    && last_checkpoint.elapsed() >= router.config.checkpoint_every
+                {
+                    c.save(&router.state);
+                    last_checkpoint = tokio::time::Instant::now();
+                }
+            }
+        }
+        if let Err(e) = router.act().await {
+            warn!(error = %e, "could not publish a decision; retrying on the next event or tick");
+        }
+        status.set(router.status());
+    }
+    if router.leader {
+        lease::release(&router.handles.control, &router.config.instance).await;
+    }
+    if let Some(c) = checkpoint.as_mut() {
+        c.save(&router.state);
+    }
+    info!("router stopped");
+    Ok(())
+}
+
+impl Router {
+    fn fold(&mut self, message: &jetstream::Message) {
+        if let Ok(info) = message.info() {
+            self.state.last_seq = info.stream_sequence;
+            self.target_seq = self.target_seq.max(info.stream_sequence + info.pending);
+        }
+        match serde_json::from_slice::<Event>(&message.payload) {
+            Ok(event) => {
+                let applied = self.state.apply(&event);
+                debug!(event = %event.id, ?applied, "folded");
+            }
+            Err(e) => warn!(subject = %message.subject, error = %e, "not an event; skipped"),
+        }
+    }
+
+    fn observe(&mut self, entry: kv::Entry) {
+        let updated_ms = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+        if self.fleet.get(&entry.key).is_some_and(|seen| seen.revision >= entry.revision) {
+            return;
+        }
+        match entry.operation {
+            kv::Operation::Put => match serde_json::from_slice::<WorkerSnapshot>(&entry.value) {
+                Ok(snapshot) => {
+                    self.fleet.insert(
+                        entry.key.clone(),
+                        Seen { snapshot, updated_ms, revision: entry.revision, left: false },
+                    );
+                }
+                Err(e) => {
+                    warn!(key = %entry.key, error = %e, "unreadable worker snapshot; ignoring it")
+                }
+            },
+            kv::Operation::Delete | kv::Operation::Purge => {
+                if let Some(seen) = self.fleet.get_mut(&entry.key) {
+                    seen.left = true;
+                    seen.revision = entry.revision;
+                }
+            }
+        }
+    }
+
+    /// What `flowmesh.router.status` answers (the gauges follow it).
+    fn status(&self) -> serde_json::Value {
+        let now = clock::now_ms();
+        let running = self.state.running_workflows().count();
+        let pending = self
+            .state
+            .running_workflows()
+            .flat_map(|w| w.tasks.iter())
+            .filter(|t| t.status == TaskStatus::Pending)
+            .count();
+        let live = self.fleet.values().filter(|s| Self::is_live(s, now)).count();
+        metrics::gauge!("flowmesh_router_leader").set(if self.leader { 1.0 } else { 0.0 });
+        metrics::gauge!("flowmesh_tasks_pending").set(pending as f64);
+        metrics::gauge!("flowmesh_workflows_running").set(running as f64);
+        metrics::gauge!("flowmesh_live_workers").set(live as f64);
+        serde_json::json!({
+            "instance": self.config.instance,
+            "leader": self.leader,
+            "caught_up": self.caught_up(),
+            "last_seq": self.state.last_seq,
+            "workflows": self.state.workflows.len(),
+            "running_workflows": running,
+            "live_workers": live,
+        })
+    }
+
+    fn caught_up(&self) -> bool {
+        self.state.last_seq >= self.target_seq
+    }
+
+    fn is_live(seen: &Seen, now_ms: u64) -> bool {
+        !seen.left && now_ms.saturating_sub(seen.updated_ms) <= seen.snapshot.ttl_sec * 1000
+    }
+
+    async fn renew_lease(&mut self) {
+        let ttl_ms = self.config.lease_ttl.as_millis() as u64;
+        match lease::acquire(&self.handles.control, &self.config.instance, ttl_ms, clock::now_ms()).await {
+            Ok(true) if !self.leader => {
+                info!(instance = %self.config.instance, "took the router lease");
+                self.leader = true;
+                self.resent_after_takeover = false;
+            }
+            Ok(false) if self.leader => {
+                warn!(instance = %self.config.instance, "lost the router lease; standing by");
+                self.leader = false;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "lease check failed");
+                if self.leader {
+                    warn!("standing by until the lease can be renewed");
+                    self.leader = false;
+                }
+            }
+        }
+    }
+
+    /// Publishes one event and moves the target so the router waits to see it folded.
+    async fn publish(&mut self, body: EventBody) -> Result<(), EdgeError> {
+        let hint = self.sequence_hint(&body);
+        let event = Event::new(body, clock::now_rfc3339(), hint);
+        let seq = publish::publish_event(&self.handles.js, &event).await?;
+        self.target_seq = self.target_seq.max(seq);
+        info!(event = %event.id, kind = event.body.kind(), "published");
+        Ok(())
+    }
+
+    /// The counter in ids of events that may repeat for one cause (`pending.<n>`).
+    fn sequence_hint(&self, body: &EventBody) -> u64 {
+        match body {
+            EventBody::TaskPending(e) => self.state.task(&e.task.task_id).map_or(0, |t| t.pending_events),
+            _ => 0,
+        }
+    }
+
+    async fn act(&mut self) -> Result<(), EdgeError> {
+        if !self.leader || !self.caught_up() {
+            return Ok(());
+        }
+        let now = clock::now_ms();
+        // Fleet changes first: they change what the scheduler may do.
+        let mut fleet_events = Vec::new();
+        for (id, seen) in &self.fleet {
+            let incarnation = &seen.snapshot.started_at;
+            if Self::is_live(seen, now) {
+                if self.state.joined_workers.get(id) != Some(incarnation) {
+                    fleet_events.push(EventBody::WorkerJoined(WorkerJoined {
+                        worker_id: id.clone(),
+                        started_at: incarnation.clone(),
+                        supported_task_types: seen.snapshot.supported_task_types.clone(),
+                        gpus: seen.snapshot.hardware.gpus.len(),
+                        simulated: seen.snapshot.simulated,
+                    }));
+                }
+            } else if self.state.joined_workers.get(id) == Some(incarnation)
+                && self.state.lost_workers.get(id) != Some(incarnation)
+            {
+                let reason = if seen.left {
+                    "left the fleet".to_owned()
+                } else {
+                    format!(
+                        "no heartbeat for {}s (ttl {}s)",
+                        now.saturating_sub(seen.updated_ms) / 1000,
+                        seen.snapshot.ttl_sec
+                    )
+                };
+                fleet_events.push(EventBody::WorkerLost(WorkerLost {
+                    worker_id: id.clone(),
+                    started_at: incarnation.clone(),
+                    reason,
+                }));
+            }
+        }
+        for body in fleet_events {
+            self.publish(body).await?;
+        }
+        let live: Vec<WorkerSnapshot> =
+            self.fleet.values().filter(|s| Self::is_live(s, now)).map(|s| s.snapshot.clone()).collect();
+        if !self.resent_after_takeover {
+            self.resend_dispatched().await?;
+            self.resent_after_takeover = true;
+        }
+        let deciding = std::time::Instant::now();
+        let actions = schedule::decide(&self.state, &live, now, &self.config.schedule);
+        metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
+        for action in actions {
+            match action {
+                Action::Publish(body) => self.publish(body).await?,
+                Action::Dispatch { event, order } => {
+                    let worker = event.worker_id.clone();
+                    self.publish(EventBody::TaskDispatched(event)).await?;
+                    self.send_order(&worker, &order).await?;
+                    metrics::counter!("flowmesh_dispatches_total").increment(1);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_order(&self, worker: &str, order: &flowmesh_domain::work::WorkOrder) -> Result<(), EdgeError> {
+        let payload = serde_json::to_vec(order).expect("work orders serialize");
+        let ack = publish::publish_json(&self.handles.js, subjects::work(worker), &order.msg_id(), payload).await?;
+        ack.await.map_err(|e| EdgeError::transient(format!("work order {}", order.msg_id()), e))?;
+        Ok(())
+    }
+
+    /// A router that crashed between `task.dispatched` and the work order left a task no worker
+    /// has; re-sending the order under its id completes that dispatch (the stream and the
+    /// worker's journal drop a copy that did arrive).
+    async fn resend_dispatched(&self) -> Result<(), EdgeError> {
+        for wf in self.state.running_workflows() {
+            for t in wf.tasks.iter().filter(|t| t.status == TaskStatus::Dispatched) {
+                let Some(worker) = t.worker_id.as_deref() else {
+                    continue;
+                };
+                if let Ok(spec) = schedule::resolve_spec(wf, t) {
+                    self.send_order(worker, &schedule::work_order(wf, t, spec)).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancellation reaches a running task through its worker's control subject; repeating it
+    /// each tick covers a worker that had not started the task when the first one went out.
+    async fn resend_cancels(&self) {
+        if !self.leader {
+            return;
+        }
+        for wf in self.state.running_workflows() {
+            for t in wf.tasks.iter().filter(|t| t.cancel_requested && t.status.is_on_worker()) {
+                if let Some(worker) = t.worker_id.as_deref() {
+                    let _ = self.client.publish(subjects::cancel(worker), t.def.task_id.clone().into()).await;
+                }
+            }
+        }
+    }
+}

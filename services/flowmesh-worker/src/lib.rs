@@ -1,0 +1,781 @@
+//! The worker: probes its hardware, builds the executors it really has, advertises them in
+//! `flowmesh_workers`, runs the work sent to `flowmesh.work.<id>`, stores results and artifacts,
+//! and reports every step as an event.
+
+pub mod config;
+pub mod executor;
+pub mod gpu_subset;
+pub mod hardware;
+pub mod journal;
+pub mod plugin;
+pub mod process;
+pub mod python;
+pub mod ssh;
+
+pub use config::{Config, WorkerArgs};
+
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use executor::{ExecError, Executor, TaskContext};
+use flowmesh_domain::event::{Artifact, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated};
+use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
+use flowmesh_domain::work::WorkOrder;
+use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::{Handles, Shutdown, Trigger, clock, publish, shutdown, subjects};
+use futures_util::StreamExt;
+use journal::{Entry, Journal};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{Instrument, info, info_span, warn};
+
+/// Results up to this size travel inside `task.completed`; larger ones only by reference.
+const INLINE_RESULT_BYTES: usize = 64 * 1024;
+
+/// A task this worker is running.
+struct Active {
+    cancel: Arc<Trigger>,
+    service: bool,
+    /// Set when a draining worker stops the task to hand it back rather than to cancel it.
+    handed_back: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct Shared {
+    config: Config,
+    client: async_nats::Client,
+    /// What `flowmesh.worker.status` answers: the latest snapshot.
+    status: flowmesh_nats::status::Status,
+    handles: Handles,
+    executors: Vec<Executor>,
+    probe: hardware::Probe,
+    journal: Journal,
+    active: Mutex<BTreeMap<String, Active>>,
+    started_at: String,
+    idle_since_ms: Mutex<Option<u64>>,
+    draining: std::sync::atomic::AtomicBool,
+}
+
+/// Builds the executors whose runtime dependency is present, logging why each missing one is missing.
+pub async fn build_executors(config: &Config, probe: &hardware::Probe) -> anyhow::Result<Vec<Executor>> {
+    let mut executors = vec![Executor::Echo];
+    match python_interpreter().await {
+        Some(interpreter) => executors.push(Executor::Python { interpreter }),
+        None => info!(executor = "python", "not available: no python3 on PATH"),
+    }
+    let ssh_settings = ssh::SshSettings {
+        worker_id: config.worker_id.clone(),
+        limits: config.ssh_limits,
+        gpu_limit: config.ssh_gpu_limit,
+        hardware: probe.hardware.clone(),
+        simulated: probe.simulated,
+        public_host: config.ssh_public_host.clone().unwrap_or_else(hostname),
+        bind_address: config.ssh_bind_address.clone(),
+        home: std::path::absolute(&config.results_dir)
+            .unwrap_or_else(|_| config.results_dir.clone())
+            .display()
+            .to_string(),
+    };
+    match ssh::SshExecutor::connect(ssh_settings).await {
+        Ok(executor) => executors.push(Executor::Ssh(executor)),
+        Err(why) => info!(executor = "ssh", reason = %why, "not available"),
+    }
+    if let Some(path) = &config.executors_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("FLOWMESH_EXECUTORS: reading {}: {e}", path.display()))?;
+        let plugins = plugin::parse(path, &text).map_err(|e| anyhow::anyhow!("FLOWMESH_EXECUTORS: {e}"))?;
+        let has_gpu = !probe.hardware.gpus.is_empty();
+        for p in plugins {
+            match plugin::unavailable(&p, has_gpu).await {
+                None => executors.push(Executor::Plugin(p)),
+                Some(why) => info!(executor = %p.name, reason = %why, "plugin not available"),
+            }
+        }
+    }
+    Ok(executors)
+}
+
+async fn python_interpreter() -> Option<String> {
+    let status = tokio::process::Command::new("python3")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .ok()?;
+    status.success().then(|| "python3".to_owned())
+}
+
+/// The task types advertised: the union over the constructed executors.
+pub fn supported_task_types(executors: &[Executor]) -> Vec<String> {
+    let mut types: Vec<String> = executors.iter().flat_map(Executor::task_types).collect();
+    types.sort();
+    types.dedup();
+    types
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+/// `--collect-hw`: the probe and the executors this worker would construct, as JSON on stdout.
+pub async fn print_hardware(config: &Config) -> anyhow::Result<()> {
+    let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let probe = hardware::probe(config.simulate_hw.as_ref(), cuda.as_deref());
+    let executors = build_executors(config, &probe).await?;
+    let report = serde_json::json!({
+        "probe": probe,
+        "executors": executors.iter().map(Executor::info).collect::<Vec<_>>(),
+        "supported_task_types": supported_task_types(&executors),
+        "cuda_visible_devices": cuda,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// The hostname, for the default worker id.
+pub fn default_hostname() -> String {
+    hostname()
+}
+
+impl Shared {
+    fn snapshot(&self) -> WorkerSnapshot {
+        let active = self.active.lock().expect("active lock");
+        let service_in_use = active.values().filter(|a| a.service).count() as u32;
+        let batch_in_use = active.len() as u32 - service_in_use;
+        let status = if self.draining.load(std::sync::atomic::Ordering::SeqCst) {
+            WorkerStatus::Draining
+        } else if active.is_empty() {
+            WorkerStatus::Idle
+        } else {
+            WorkerStatus::Busy
+        };
+        let ssh = self.config.ssh_limits;
+        WorkerSnapshot {
+            id: self.config.worker_id.clone(),
+            hostname: hostname(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: self.started_at.clone(),
+            status,
+            hardware: self.probe.hardware.clone(),
+            supported_task_types: supported_task_types(&self.executors),
+            executors: self.executors.iter().map(Executor::info).collect(),
+            slots: Slots {
+                batch: SlotCount { total: self.config.batch_slots, in_use: batch_in_use },
+                service: SlotCount { total: self.config.service_slots, in_use: service_in_use },
+            },
+            ssh_limits: supported_task_types(&self.executors).iter().any(|t| t == "ssh").then_some(ssh),
+            tags: self.config.tags.clone(),
+            cost_per_hour: self.config.cost_per_hour,
+            load: f64::from(batch_in_use) / f64::from(self.config.batch_slots.max(1)),
+            active_tasks: active.keys().cloned().collect(),
+            simulated: self.probe.simulated,
+            // Whole seconds, rounded up: a sub-second test interval still reads as 1.
+            heartbeat_interval_sec: self.config.heartbeat_interval.as_millis().div_ceil(1000) as u64,
+            ttl_sec: self.config.ttl.as_millis().div_ceil(1000) as u64,
+            idle_since_ms: if active.is_empty() { *self.idle_since_ms.lock().expect("idle lock") } else { None },
+        }
+    }
+
+    async fn heartbeat(&self) {
+        let snapshot = self.snapshot();
+        self.status.set(serde_json::to_value(&snapshot).unwrap_or_default());
+        let bytes = serde_json::to_vec(&snapshot).expect("snapshots serialize");
+        if let Err(e) = self.handles.workers.put(&self.config.worker_id, bytes.into()).await {
+            warn!(error = %e, "heartbeat failed; will retry at the next interval");
+        }
+    }
+
+    /// Publishes a report, retrying until the stream stores it or the worker is told to stop.
+    /// The journal holds it meanwhile, so a report that never got out is sent after a restart.
+    async fn report(&self, event: &Event) -> bool {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match publish::publish_event(&self.handles.js, event).await {
+                Ok(_) => return true,
+                Err(e) => {
+                    warn!(event = %event.id, error = %e, "report not stored yet; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` fires, then drains.
+pub async fn run(
+    mut config: Config,
+    client: async_nats::Client,
+    handles: Handles,
+    mut shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    // Task processes run inside their own folder: every path handed to them must be absolute.
+    config.results_dir = std::path::absolute(&config.results_dir)?;
+    let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let probe = hardware::probe(config.simulate_hw.as_ref(), cuda.as_deref());
+    let executors = build_executors(&config, &probe).await?;
+    let caps = config.ssh_limits;
+    let unbounded = caps.max_cpu.is_none() || caps.max_memory_bytes.is_none() || caps.max_pids.is_none();
+    if unbounded && supported_task_types(&executors).iter().any(|t| t == "ssh") {
+        warn!("some of SSH_MAX_CPU, SSH_MAX_MEMORY, SSH_MAX_PIDS are unset: ssh containers are unbounded there");
+    }
+    std::fs::create_dir_all(&config.results_dir)?;
+    let journal = Journal::open(&config.results_dir.join(".journal").join(&config.worker_id))?;
+    let status = flowmesh_nats::status::Status::default();
+    let shared = Arc::new(Shared {
+        status: status.clone(),
+        client: client.clone(),
+        handles: handles.clone(),
+        executors,
+        probe,
+        journal,
+        active: Mutex::new(BTreeMap::new()),
+        started_at: clock::now_rfc3339(),
+        idle_since_ms: Mutex::new(Some(clock::now_ms())),
+        draining: std::sync::atomic::AtomicBool::new(false),
+        config,
+    });
+    let id = shared.config.worker_id.clone();
+    info!(
+        worker_id = %id,
+        task_types = ?supported_task_types(&shared.executors),
+        gpus = shared.probe.hardware.gpus.len(),
+        simulated = shared.probe.simulated,
+        "worker starting"
+    );
+
+    // Reports a previous run finished but could not send.
+    for event in shared.journal.unreported() {
+        if shared.report(&event).await
+            && let Some(task) = event.body.task()
+        {
+            let _ = shared.journal.reported(&task.task_id, task.attempt, &event);
+        }
+    }
+
+    shared.heartbeat().await;
+    let _service =
+        flowmesh_nats::status::serve(&client, "worker", &format!("worker.{id}"), "FlowMesh worker: runs tasks", status)
+            .await?;
+    // Background loops live in a JoinSet so they end with `run`, even when it is aborted.
+    let mut background = tokio::task::JoinSet::new();
+    {
+        let shared = shared.clone();
+        let mut stop = shutdown.clone();
+        background.spawn(async move {
+            let mut tick = tokio::time::interval(shared.config.heartbeat_interval);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.wait() => break,
+                    _ = tick.tick() => shared.heartbeat().await,
+                }
+            }
+        });
+    }
+    {
+        let shared = shared.clone();
+        let mut sub = client.subscribe(subjects::cancel(&id)).await?;
+        background.spawn(async move {
+            while let Some(msg) = sub.next().await {
+                let task_id = String::from_utf8_lossy(&msg.payload).trim().to_owned();
+                if let Some(active) = shared.active.lock().expect("active lock").get(&task_id) {
+                    info!(task_id = %task_id, "cancel requested");
+                    active.cancel.fire();
+                }
+            }
+        });
+    }
+
+    let stream = handles.js.get_stream(subjects::WORK_STREAM).await?;
+    let slots = (shared.config.batch_slots + shared.config.service_slots).max(1) as usize;
+    let consumer = stream
+        .get_or_create_consumer(
+            &subjects::work_consumer(&id),
+            pull::Config {
+                durable_name: Some(subjects::work_consumer(&id)),
+                filter_subject: subjects::work(&id),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: shared.config.ack_wait,
+                max_ack_pending: slots as i64,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.messages().await?;
+    let permits = Arc::new(tokio::sync::Semaphore::new(slots));
+    let mut running = tokio::task::JoinSet::new();
+    info!(worker_id = %id, slots, "worker ready");
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.wait() => break,
+            p = permits.clone().acquire_owned() => p?,
+        };
+        let Some(message) = flowmesh_nats::consume::next(&mut messages, &mut shutdown).await else { break };
+        let shared = shared.clone();
+        running.spawn(async move {
+            handle(&shared, message).await;
+            drop(permit);
+        });
+        while running.try_join_next().is_some() {}
+    }
+
+    // Drain: advertise it, stop taking work, give in-flight tasks the grace period.
+    shared.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+    shared.heartbeat().await;
+    drop(messages);
+    let grace = shared.config.drain_grace;
+    if tokio::time::timeout(grace, async { while running.join_next().await.is_some() {} }).await.is_err() {
+        warn!(?grace, "in-flight tasks did not finish within the drain grace; handing them back");
+        for active in shared.active.lock().expect("active lock").values() {
+            active.handed_back.store(true, std::sync::atomic::Ordering::SeqCst);
+            active.cancel.fire();
+        }
+        while running.join_next().await.is_some() {}
+    }
+    // Leaving the fleet makes the router requeue whatever this worker did not finish.
+    let _ = handles.workers.delete(&id).await;
+    background.abort_all();
+    info!(worker_id = %id, "worker stopped");
+    Ok(())
+}
+
+async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
+    let order: WorkOrder = match serde_json::from_slice(&message.payload) {
+        Ok(order) => order,
+        Err(e) => {
+            warn!(error = %e, "work message is not a work order; dropping it");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let span = info_span!("task", task_id = %order.task_id, attempt = order.attempt);
+    async {
+        match shared.journal.get(&order.task_id, order.attempt) {
+            Some(Entry::Finished { event, reported }) => {
+                // Finished before a crash or a redelivery: report again (same id), never re-run.
+                info!("already finished; re-sending the report");
+                if !reported && shared.report(&event).await {
+                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
+                } else if reported {
+                    shared.report(&event).await;
+                }
+                let _ = message.double_ack().await;
+                return;
+            }
+            Some(Entry::Accepted) | None => {}
+        }
+        if let Err(e) = shared.journal.accept(&order.task_id, order.attempt) {
+            warn!(error = %e, "journal write failed; handing the work back");
+            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(2)))).await;
+            return;
+        }
+        let event = execute(shared, &order, &message).await;
+        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
+            warn!(error = %e, "journal write failed after the task ended");
+        }
+        failpoint("after-journal-finish");
+        if shared.report(&event).await {
+            let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
+        }
+        if let Err(e) = message.double_ack().await {
+            warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+/// Fault injection for crash tests: `FLOWMESH_FAILPOINT=<name>` makes the process die at once
+/// (SIGKILL to itself, no cleanup) when it reaches the named point.
+fn failpoint(name: &str) {
+    if std::env::var("FLOWMESH_FAILPOINT").is_ok_and(|v| v == name) {
+        warn!(failpoint = name, "failpoint reached; killing this process");
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+fn task_ref(order: &WorkOrder) -> TaskRef {
+    TaskRef {
+        workflow_id: order.workflow_id.clone(),
+        task_id: order.task_id.clone(),
+        stage: order.stage.clone(),
+        attempt: order.attempt,
+    }
+}
+
+/// Runs one task to its terminal event (not yet published).
+async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::Message) -> Event {
+    let worker_id = shared.config.worker_id.clone();
+    let started = Event::new(
+        EventBody::TaskStarted(TaskStarted { task: task_ref(order), worker_id: worker_id.clone() }),
+        clock::now_rfc3339(),
+        0,
+    );
+    shared.report(&started).await;
+    let (trigger, cancel) = shutdown::channel();
+    let trigger = Arc::new(trigger);
+    let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    shared.active.lock().expect("active lock").insert(
+        order.task_id.clone(),
+        Active {
+            cancel: trigger.clone(),
+            service: uses_service_slot(&order.task_type),
+            handed_back: handed_back.clone(),
+        },
+    );
+    shared.heartbeat().await;
+    let work_dir = shared.config.results_dir.join(&order.task_id);
+    let output_dir = work_dir.join("output");
+    // Executors report progress on a channel; it becomes `task.updated` events, in order.
+    let (updates_tx, mut updates_rx) = tokio::sync::mpsc::unbounded_channel::<executor::Update>();
+    let forwarder = {
+        let shared = shared.clone();
+        let task = task_ref(order);
+        let worker_id = worker_id.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while let Some(update) = updates_rx.recv().await {
+                let body = EventBody::TaskUpdated(TaskUpdated {
+                    task: task.clone(),
+                    worker_id: worker_id.clone(),
+                    message: update.message,
+                    data: update.data,
+                });
+                shared.report(&Event::new(body, clock::now_rfc3339(), n)).await;
+                n += 1;
+            }
+        })
+    };
+    let outcome = async {
+        prepare_dirs(&work_dir, &output_dir)
+            .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
+        fetch_inputs(shared, order, &work_dir).await?;
+        let executor = select_executor(&shared.executors, order).ok_or_else(|| {
+            ExecError::Permanent(format!("this worker has no executor for task type {:?}", order.task_type))
+        })?;
+        let ctx = TaskContext {
+            order: order.clone(),
+            work_dir: work_dir.clone(),
+            output_dir: output_dir.clone(),
+            gpus: shared.probe.hardware.gpus.clone(),
+            cancel,
+            max_runtime: order.spec.get("maxRuntimeSeconds").and_then(Value::as_u64).map(Duration::from_secs),
+            updates: Some(updates_tx.clone()),
+        };
+        let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
+        with_progress(message, shared.config.ack_wait, running).await
+    }
+    .await;
+    drop(updates_tx);
+    let _ = forwarder.await;
+    store_logs(shared, order, &work_dir).await;
+    let task = task_ref(order);
+    let outcome_name = match &outcome {
+        Ok(_) => "completed",
+        Err(ExecError::Cancelled) => "cancelled",
+        Err(_) => "failed",
+    };
+    metrics::counter!("flowmesh_tasks_total", "task_type" => order.task_type.clone(), "outcome" => outcome_name)
+        .increment(1);
+    let body = match outcome {
+        Ok(result) => match store_results(shared, order, &work_dir, &output_dir, &result).await {
+            Ok((result_object, artifacts)) => {
+                let inline = serde_json::to_vec(&result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
+                EventBody::TaskCompleted(TaskCompleted {
+                    task,
+                    worker_id: worker_id.clone(),
+                    result: inline.then_some(result),
+                    result_object,
+                    artifacts,
+                })
+            }
+            Err(StoreError::Missing(name)) => failed(
+                task,
+                &worker_id,
+                "missing_artifact",
+                format!("declared artifact {name:?} was not produced in the output folder"),
+                false,
+            ),
+            Err(StoreError::Upload(message)) => failed(task, &worker_id, "result_upload_failed", message, true),
+        },
+        // Stopped by a drain, not by a person: a retryable failure, so the router gives the task
+        // to another worker (a nak would only bring it back to this worker's own consumer).
+        Err(ExecError::Cancelled) if handed_back.load(std::sync::atomic::Ordering::SeqCst) => failed(
+            task,
+            &worker_id,
+            "handed_back",
+            format!("worker {worker_id} stopped before the task finished (drain grace over)"),
+            true,
+        ),
+        Err(ExecError::Cancelled) => EventBody::TaskCancelled(TaskCancelled {
+            task,
+            worker_id: Some(worker_id.clone()),
+            reason: "cancelled while running".to_owned(),
+        }),
+        Err(ExecError::TimedOut(limit)) => failed(
+            task,
+            &worker_id,
+            "max_runtime_exceeded",
+            format!("killed after the maximum runtime of {}s", limit.as_secs()),
+            false,
+        ),
+        Err(ExecError::Retryable(m)) => failed(task, &worker_id, "executor_error", m, true),
+        Err(ExecError::Permanent(m)) => failed(task, &worker_id, "executor_error", m, false),
+    };
+    {
+        let mut active = shared.active.lock().expect("active lock");
+        active.remove(&order.task_id);
+        if active.is_empty() {
+            *shared.idle_since_ms.lock().expect("idle lock") = Some(clock::now_ms());
+        }
+    }
+    shared.heartbeat().await;
+    Event::new(body, clock::now_rfc3339(), 0)
+}
+
+/// The executor for a work order. Inference tasks prefer the executor named after the backend
+/// the validator's classifier picks (`vllm`, `transformers`); any executor of the type otherwise.
+fn select_executor<'a>(executors: &'a [Executor], order: &WorkOrder) -> Option<&'a Executor> {
+    let serving: Vec<&Executor> = executors.iter().filter(|e| e.task_types().contains(&order.task_type)).collect();
+    if order.task_type == "inference" {
+        let wanted = match flowmesh_domain::validate::inference_backend(&order.spec) {
+            flowmesh_domain::validate::InferenceBackend::Vllm => Some("vllm"),
+            flowmesh_domain::validate::InferenceBackend::Transformers => Some("transformers"),
+            flowmesh_domain::validate::InferenceBackend::Auto => None,
+        };
+        if let Some(name) = wanted
+            && let Some(e) = serving.iter().find(|e| e.name().to_lowercase().contains(name))
+        {
+            return Some(e);
+        }
+    }
+    serving.first().copied()
+}
+
+/// Downloads the stored files of each upstream stage named in `spec.inputs` into
+/// `<work_dir>/inputs/<stage>/`, verifying every digest.
+async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Result<(), ExecError> {
+    let Some(inputs) = order.spec.get("inputs").and_then(Value::as_array) else { return Ok(()) };
+    for input in inputs {
+        let Some(stage) = input.get("stage").and_then(Value::as_str) else { continue };
+        let artifacts = order
+            .upstream_artifacts
+            .get(stage)
+            .ok_or_else(|| ExecError::Permanent(format!("input stage {stage:?} has no stored results")))?;
+        let dir = work_dir.join("inputs").join(stage);
+        std::fs::create_dir_all(&dir).map_err(|e| ExecError::Retryable(format!("creating {}: {e}", dir.display())))?;
+        for artifact in artifacts {
+            if artifact.name.split('/').any(|p| p == ".." || p.is_empty()) {
+                return Err(ExecError::Permanent(format!("upstream artifact {:?} has an unsafe name", artifact.name)));
+            }
+            let mut reader = shared
+                .handles
+                .artifacts
+                .get(&artifact.object)
+                .await
+                .map_err(|e| ExecError::Retryable(format!("fetching input {}: {e}", artifact.object)))?;
+            let mut bytes = Vec::new();
+            tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes)
+                .await
+                .map_err(|e| ExecError::Retryable(format!("reading input {}: {e}", artifact.object)))?;
+            if flowmesh_nats::digest::sha256(&bytes) != artifact.digest {
+                return Err(ExecError::Retryable(format!("input {} does not match its digest", artifact.object)));
+            }
+            let path = dir.join(&artifact.name);
+            if let Some(parent) = path.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            std::fs::write(&path, &bytes)
+                .map_err(|e| ExecError::Retryable(format!("writing {}: {e}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes what a running task writes to its logs, every half second, on `flowmesh.logs.<task>.*`.
+async fn tail_logs<T>(
+    client: &async_nats::Client,
+    task_id: &str,
+    work_dir: &Path,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let mut offsets = [0u64; 2];
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            out = &mut work => {
+                publish_new_output(client, task_id, work_dir, &mut offsets).await;
+                return out;
+            }
+            _ = tick.tick() => publish_new_output(client, task_id, work_dir, &mut offsets).await,
+        }
+    }
+}
+
+async fn publish_new_output(client: &async_nats::Client, task_id: &str, work_dir: &Path, offsets: &mut [u64; 2]) {
+    for (i, name) in ["stdout", "stderr"].iter().enumerate() {
+        let Ok(bytes) = std::fs::read(work_dir.join(format!("{name}.log"))) else { continue };
+        let start = offsets[i] as usize;
+        if bytes.len() > start {
+            for chunk in bytes[start..].chunks(64 * 1024) {
+                let _ = client.publish(subjects::logs(task_id, name), chunk.to_vec().into()).await;
+            }
+            offsets[i] = bytes.len() as u64;
+        }
+    }
+}
+
+/// Stores the task's logs as `<task_id>/logs/stdout.log` and `stderr.log` (best effort).
+async fn store_logs(shared: &Shared, order: &WorkOrder, work_dir: &Path) {
+    for name in ["stdout.log", "stderr.log"] {
+        let path = work_dir.join(name);
+        if path.is_file()
+            && let Err(e) =
+                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), &path).await
+        {
+            warn!(error = %e, "could not store {name}");
+        }
+    }
+}
+
+fn failed(task: TaskRef, worker_id: &str, reason: &str, message: String, retryable: bool) -> EventBody {
+    EventBody::TaskFailed(TaskFailed {
+        task,
+        worker_id: Some(worker_id.to_owned()),
+        reason: reason.to_owned(),
+        message,
+        retryable,
+    })
+}
+
+fn prepare_dirs(work_dir: &Path, output_dir: &Path) -> std::io::Result<()> {
+    // A new attempt starts from an empty output folder: stale files must not become artifacts.
+    if output_dir.exists() {
+        std::fs::remove_dir_all(output_dir)?;
+    }
+    std::fs::create_dir_all(output_dir)?;
+    let _ = std::fs::remove_file(work_dir.join("result.json"));
+    Ok(())
+}
+
+/// Keeps the work message from being redelivered while the task runs.
+async fn with_progress<T>(
+    message: &jetstream::Message,
+    ack_wait: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval(ack_wait / 3);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            out = &mut work => return out,
+            _ = tick.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
+        }
+    }
+}
+
+/// Why results could not be stored: a declared file is missing (the task's fault), or the store
+/// did not take them (worth a retry).
+enum StoreError {
+    Missing(String),
+    Upload(String),
+}
+
+/// Writes `results.json` locally and stores it and the artifacts as `<task_id>/<path>`.
+async fn store_results(
+    shared: &Shared,
+    order: &WorkOrder,
+    work_dir: &Path,
+    output_dir: &Path,
+    result: &Value,
+) -> Result<(String, Vec<Artifact>), StoreError> {
+    let results_path = work_dir.join("results.json");
+    let bytes = serde_json::to_vec_pretty(result).expect("results serialize");
+    std::fs::write(&results_path, &bytes)
+        .map_err(|e| StoreError::Upload(format!("writing {}: {e}", results_path.display())))?;
+    let result_object = subjects::artifact(&order.task_id, "results.json");
+    let (size, digest) = put_object(shared, &result_object, &results_path).await.map_err(StoreError::Upload)?;
+    let mut artifacts = vec![Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest }];
+    // `output.artifacts` names files or folders of the output folder; `results.json` and `logs`
+    // are always stored, and `artifacts` (FlowMesh's name for "everything produced") or no list
+    // at all means the whole output folder.
+    let declared: Option<Vec<String>> = order.spec.pointer("/output/artifacts").and_then(Value::as_array).map(|a| {
+        a.iter()
+            .filter_map(Value::as_str)
+            .filter(|n| !matches!(*n, "results.json" | "logs"))
+            .map(str::to_owned)
+            .collect()
+    });
+    let everything = declared.as_ref().is_none_or(|names| names.iter().any(|n| n == "artifacts"));
+    let files = if everything {
+        list_files(output_dir)
+    } else {
+        let mut files = Vec::new();
+        for name in declared.unwrap_or_default() {
+            let path = output_dir.join(&name);
+            if path.is_dir() {
+                files.extend(list_files(output_dir).into_iter().filter(|(rel, _)| Path::new(rel).starts_with(&name)));
+            } else if path.is_file() {
+                files.push((name, path));
+            } else {
+                return Err(StoreError::Missing(name));
+            }
+        }
+        files
+    };
+    for (name, path) in files {
+        let object = subjects::artifact(&order.task_id, &name);
+        let (size, digest) = put_object(shared, &object, &path).await.map_err(StoreError::Upload)?;
+        artifacts.push(Artifact { name, object, size, digest });
+    }
+    Ok((result_object, artifacts))
+}
+
+async fn put_object(shared: &Shared, name: &str, path: &Path) -> Result<(u64, String), String> {
+    let mut last = String::new();
+    for attempt in 0..5 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+        }
+        let mut file = match tokio::fs::File::open(path).await {
+            Ok(f) => f,
+            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        };
+        match shared.handles.artifacts.put(name, &mut file).await {
+            Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(format!("storing {name} in {}: {last}", subjects::ARTIFACTS_BUCKET))
+}
+
+/// Every file under `dir`, named by its path relative to `dir`, in a stable order.
+fn list_files(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&current) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.is_file()
+                && let Ok(rel) = path.strip_prefix(dir)
+            {
+                out.push((rel.to_string_lossy().into_owned(), path));
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,373 @@
+//! The integration harness: a real nats-server per test, services run in-process through their
+//! `run` functions, and waiting for events with a deadline (never sleeping as synchronisation).
+
+use flowmesh::nats_server::NatsServer;
+use flowmesh_domain::fleet::Hardware;
+use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::connect::{NatsOptions, connect};
+use flowmesh_nats::{Handles, Topology, Trigger, shutdown, subjects};
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// (role, environment variable, password) for the secured server of `start_secured`.
+pub const ROLE_PASSWORDS: [(&str, &str, &str); 4] = [
+    ("submitter", "FLOWMESH_SUBMITTER_PASSWORD", "submit-secret"),
+    ("worker", "FLOWMESH_WORKER_PASSWORD", "worker-secret"),
+    ("service", "FLOWMESH_SERVICE_PASSWORD", "service-secret"),
+    ("admin", "FLOWMESH_ADMIN_PASSWORD", "admin-secret"),
+];
+
+/// The test password of a role.
+pub fn role_password(role: &str) -> &'static str {
+    ROLE_PASSWORDS.iter().find(|(r, _, _)| *r == role).map(|(_, _, pw)| *pw).expect("a known role")
+}
+
+/// Events that did not match `schemas/event.schema.json`, from any world in this process.
+static SCHEMA_VIOLATIONS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// How long any wait may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// One test's world: its server, its folder, the services it started.
+pub struct World {
+    pub server: NatsServer,
+    pub dir: tempfile::TempDir,
+    pub client: async_nats::Client,
+    pub handles: Handles,
+    services: BTreeMap<String, (Trigger, tokio::task::JoinHandle<anyhow::Result<()>>)>,
+    processes: BTreeMap<String, tokio::process::Child>,
+    log: Arc<Mutex<Vec<Event>>>,
+    log_task: tokio::task::JoinHandle<()>,
+}
+
+async fn open(url: &str, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
+    let client = connect(&NatsOptions { url: url.to_owned(), name: name.to_owned(), ..Default::default() }).await?;
+    let handles = Handles::ensure(&client, &Topology::load(1)?).await?;
+    Ok((client, handles))
+}
+
+/// A worker for tests: fast heartbeats, a 4 s TTL (room for a loaded machine), simulated
+/// hardware when given.
+pub fn worker_config(world: &World, id: &str, hardware: Option<Hardware>) -> flowmesh_worker::Config {
+    let mut config =
+        flowmesh_worker::Config::local(id, world.dir.path().join("results").join(id), Duration::from_millis(500));
+    config.ttl = Duration::from_secs(4);
+    config.simulate_hw = hardware;
+    config
+}
+
+pub fn router_config(instance: &str) -> flowmesh_router::Config {
+    flowmesh_router::Config {
+        schedule: flowmesh_domain::schedule::Config { no_worker_grace_ms: 3_000, ..Default::default() },
+        lease_ttl: Duration::from_secs(3),
+        instance: instance.to_owned(),
+        tick: Duration::from_millis(200),
+        checkpoint_dir: None,
+        checkpoint_every: Duration::from_secs(10),
+    }
+}
+
+impl World {
+    /// A fresh nats-server with the topology applied and a recorder of every event.
+    pub async fn start() -> anyhow::Result<World> {
+        World::start_as(None).await
+    }
+
+    /// A nats-server running `streams/nats-server.conf` with the role passwords in
+    /// [`ROLE_PASSWORDS`]; the world itself connects as `admin`.
+    pub async fn start_secured() -> anyhow::Result<World> {
+        World::start_as(Some(())).await
+    }
+
+    async fn start_as(secured: Option<()>) -> anyhow::Result<World> {
+        let dir = tempfile::Builder::new().prefix("flowmesh-test-").tempdir()?;
+        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams/nats-server.conf");
+        let env: Vec<(&str, &str)> = ROLE_PASSWORDS.iter().map(|(_, var, pw)| (*var, *pw)).collect();
+        let server = match secured {
+            None => NatsServer::start(None, &dir.path().join("nats"), None).await?,
+            Some(()) => NatsServer::start_with(None, &dir.path().join("nats"), None, Some(&config), &env).await?,
+        };
+        let options = NatsOptions {
+            url: server.url(),
+            name: "test".to_owned(),
+            user: secured.map(|_| "admin".to_owned()),
+            password: secured.map(|_| role_password("admin").to_owned()),
+            ..Default::default()
+        };
+        let client = connect(&options).await?;
+        let handles = Handles::ensure(&client, &Topology::load(1)?).await?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let log_task = tokio::spawn(record(handles.js.clone(), log.clone()));
+        Ok(World { server, dir, client, handles, services: BTreeMap::new(), processes: BTreeMap::new(), log, log_task })
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    fn spawn(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(flowmesh_nats::Shutdown) -> tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) {
+        let (trigger, stop) = shutdown::channel();
+        let handle = f(stop);
+        self.services.insert(name.to_owned(), (trigger, handle));
+    }
+
+    pub async fn validator(&mut self, name: &str, config: flowmesh_validator::Config) -> anyhow::Result<()> {
+        let (_, handles) = open(&self.url(), name).await?;
+        self.spawn(name, |stop| tokio::spawn(flowmesh_validator::run(config, handles, stop)));
+        Ok(())
+    }
+
+    pub async fn router(&mut self, name: &str) -> anyhow::Result<()> {
+        let (client, handles) = open(&self.url(), name).await?;
+        let config = router_config(name);
+        self.spawn(name, |stop| tokio::spawn(flowmesh_router::run(config, client, handles, stop)));
+        Ok(())
+    }
+
+    pub async fn worker(&mut self, config: flowmesh_worker::Config) -> anyhow::Result<()> {
+        let name = config.worker_id.clone();
+        let (client, handles) = open(&self.url(), &name).await?;
+        self.spawn(&name, |stop| tokio::spawn(flowmesh_worker::run(config, client, handles, stop)));
+        Ok(())
+    }
+
+    /// A validator and a router, in-process: everything but workers.
+    pub async fn control_plane(&mut self) -> anyhow::Result<()> {
+        self.validator("validator", flowmesh_validator::Config::default()).await?;
+        self.router("router").await
+    }
+
+    /// Validator, router and one echo-capable worker `w1`.
+    pub async fn stack(&mut self) -> anyhow::Result<()> {
+        self.control_plane().await?;
+        let w = worker_config(self, "w1", None);
+        self.worker(w).await
+    }
+
+    /// Stops a service gracefully and waits for it.
+    pub async fn stop(&mut self, name: &str) -> anyhow::Result<()> {
+        let (trigger, handle) = self.services.remove(name).ok_or_else(|| anyhow::anyhow!("no service {name}"))?;
+        trigger.fire();
+        tokio::time::timeout(DEADLINE, handle).await???;
+        Ok(())
+    }
+
+    /// Kills a service at once, as a crash would: its task is aborted mid-flight.
+    pub fn kill(&mut self, name: &str) {
+        if let Some((_, handle)) = self.services.remove(name) {
+            handle.abort();
+        }
+    }
+
+    /// Runs `flowmesh <args>` as a separate process (so it can be killed with SIGKILL), with
+    /// `NATS_URL` set and its log in `<dir>/<name>.log`.
+    pub fn process(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
+        self.process_of(&flowmesh_bin(), name, args, env)
+    }
+
+    /// As [`World::process`], for any binary (the standalone `flowmesh-router`, …).
+    pub fn process_of(
+        &mut self,
+        bin: &std::path::Path,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.dir.path().join(format!("{name}.log")))?;
+        let child = tokio::process::Command::new(bin)
+            .args(args)
+            .env("NATS_URL", self.url())
+            .env("RUST_LOG", "info,async_nats=warn")
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        self.processes.insert(name.to_owned(), child);
+        Ok(())
+    }
+
+    /// `flowmesh worker` as a process named after its id, with a results folder of its own in
+    /// this world and a 1 s heartbeat; `extra` adds or overrides settings.
+    pub fn worker_process(&mut self, id: &str, extra: &[(&str, &str)]) -> anyhow::Result<()> {
+        let results = self.dir.path().join("results").join(id).display().to_string();
+        let mut env = vec![("WORKER_ID", id), ("RESULTS_DIR", results.as_str()), ("HEARTBEAT_INTERVAL_SEC", "1")];
+        env.extend_from_slice(extra);
+        self.process(id, &["worker"], &env)
+    }
+
+    /// SIGKILL: no cleanup, no last words.
+    pub async fn kill9(&mut self, name: &str) -> anyhow::Result<()> {
+        let mut child = self.processes.remove(name).ok_or_else(|| anyhow::anyhow!("no process {name}"))?;
+        child.kill().await?;
+        Ok(())
+    }
+
+    /// Waits for a process to exit by itself; returns its exit status.
+    pub async fn wait_exit(&mut self, name: &str) -> anyhow::Result<std::process::ExitStatus> {
+        let mut child = self.processes.remove(name).ok_or_else(|| anyhow::anyhow!("no process {name}"))?;
+        Ok(tokio::time::timeout(DEADLINE, child.wait()).await??)
+    }
+
+    /// Sends SIGTERM (a polite stop) to a process.
+    pub fn terminate(&self, name: &str) -> anyhow::Result<()> {
+        let pid = self.processes.get(name).and_then(|c| c.id()).ok_or_else(|| anyhow::anyhow!("no process {name}"))?;
+        let status = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
+        anyhow::ensure!(status.success(), "kill -TERM {pid} failed");
+        Ok(())
+    }
+
+    /// The log a process wrote so far.
+    pub fn process_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Runs `flowmesh <args>` to its end against this world (from the repository root, so the
+    /// examples' relative paths work) and returns what it printed.
+    pub async fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Ok(tokio::process::Command::new(flowmesh_bin())
+            .args(args)
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .env("NATS_URL", self.url())
+            .env("RUST_LOG", "warn")
+            .output()
+            .await?)
+    }
+
+    /// Everything recorded so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.log.lock().expect("log lock").clone()
+    }
+
+    /// Waits until `done` holds for the recorded events, or fails after `DEADLINE`.
+    pub async fn wait_for(&self, what: &str, done: impl Fn(&[Event]) -> bool) -> anyhow::Result<Vec<Event>> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let violations = SCHEMA_VIOLATIONS.lock().expect("violations lock").clone();
+            anyhow::ensure!(
+                violations.is_empty(),
+                "events that do not match the event schema:\n  {}",
+                violations.join("\n  ")
+            );
+            let events = self.events();
+            if done(&events) {
+                return Ok(events);
+            }
+            if tokio::time::Instant::now() > deadline {
+                let kinds: Vec<String> = events.iter().map(|e| format!("{} {}", e.body.kind(), e.id)).collect();
+                anyhow::bail!("timed out waiting for {what}; events so far:\n  {}", kinds.join("\n  "));
+            }
+            // Polling the in-memory recorder, which the event stream feeds; not a sleep standing in for an event.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits for the workflow to end and returns its events.
+    pub async fn wait_workflow_end(&self, workflow_id: &str) -> anyhow::Result<Vec<Event>> {
+        let events = self
+            .wait_for(&format!("{workflow_id} to end"), |events| {
+                events.iter().any(|e| workflow_ended(e, workflow_id) || rejected(e, workflow_id))
+            })
+            .await?;
+        Ok(events.into_iter().filter(|e| e.body.scope().0 == workflow_id).collect())
+    }
+
+    /// Publishes a document exactly as `nats pub flowmesh.submit` does (core NATS, no JetStream API).
+    pub async fn nats_pub(&self, body: &[u8]) -> anyhow::Result<()> {
+        self.client.publish(subjects::SUBMIT, body.to_vec().into()).await?;
+        self.client.flush().await?;
+        Ok(())
+    }
+
+    /// Submits through JetStream (as `flowmesh submit`), returning the workflow id.
+    pub async fn submit(&self, body: &[u8], msg_id: Option<&str>) -> anyhow::Result<String> {
+        Ok(flowmesh::submit::submit(&self.handles.js, body.to_vec(), msg_id).await?.0)
+    }
+
+    pub async fn shutdown(mut self) {
+        let names: Vec<String> = self.services.keys().cloned().collect();
+        for name in names {
+            let _ = self.stop(&name).await;
+        }
+        for (_, mut child) in std::mem::take(&mut self.processes) {
+            let _ = child.kill().await;
+        }
+        self.log_task.abort();
+        self.server.stop().await;
+    }
+}
+
+async fn record(js: async_nats::jetstream::Context, log: Arc<Mutex<Vec<Event>>>) {
+    let Ok(stream) = flowmesh::log::events(&js, format!("{}.>", subjects::EVENTS_PREFIX), true).await else { return };
+    futures_util::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                // Every event any scenario produces must match schemas/event.schema.json: the
+                // Rust types and the published schema cannot drift apart unnoticed.
+                let value = serde_json::to_value(&event).expect("events serialize");
+                let problems = flowmesh_domain::schema::check_event(&value);
+                if !problems.is_empty() {
+                    SCHEMA_VIOLATIONS.lock().expect("violations lock").push(format!("{}: {problems:?}", event.id));
+                }
+                log.lock().expect("log lock").push(event)
+            }
+            Err(e) => panic!("the event log holds something that is not an event: {e}"),
+        }
+    }
+}
+
+pub fn workflow_ended(e: &Event, workflow_id: &str) -> bool {
+    match &e.body {
+        EventBody::WorkflowCompleted(w) | EventBody::WorkflowFailed(w) | EventBody::WorkflowCancelled(w) => {
+            w.workflow_id == workflow_id
+        }
+        _ => false,
+    }
+}
+
+pub fn rejected(e: &Event, workflow_id: &str) -> bool {
+    matches!(&e.body, EventBody::SubmissionRejected(r) if r.workflow_id == workflow_id)
+}
+
+/// The kinds of the events, in order.
+pub fn kinds(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(|e| e.body.kind()).collect()
+}
+
+/// A command's output for an assertion message.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// The `flowmesh` binary cargo built next to this test binary (`target/<profile>/flowmesh`).
+pub fn flowmesh_bin() -> PathBuf {
+    binary("flowmesh")
+}
+
+/// A binary of the workspace that cargo built next to this test binary.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run the suite with `cargo test --workspace` (it builds the binaries)",
+        bin.display()
+    );
+    bin
+}
+
+/// An example document from `examples/`.
+pub fn example(path: &str) -> Vec<u8> {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples").join(path);
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}

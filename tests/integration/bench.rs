@@ -1,0 +1,116 @@
+//! `flowmesh bench` against a real stack: every task is timed, the raw JetStream ceiling is
+//! measured on the same server, its temporary stream is gone afterwards, and a run that cannot
+//! finish says so in its exit code.
+
+use flowmesh::bench::{self, Percentiles, Report, RunEnd, TaskKind};
+use flowmesh_domain::EventBody;
+use flowmesh_nats::{shutdown, subjects};
+use futures_util::StreamExt;
+use tests::{DEADLINE, World};
+
+fn assert_ordered(what: &str, p: Option<Percentiles>, samples: usize) -> Percentiles {
+    let p = p.unwrap_or_else(|| panic!("{what}: no samples"));
+    assert_eq!(p.samples, samples, "{what}: {p:?}");
+    assert!(p.p50 > 0.0 && p.p50 <= p.p90 && p.p90 <= p.p99 && p.p99 <= p.max, "{what} out of order: {p:?}");
+    p
+}
+
+/// The temporary raw streams still on the server.
+async fn raw_streams(world: &World) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> =
+        world.handles.js.stream_names().collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>()?;
+    Ok(names.into_iter().filter(|n| n.starts_with(subjects::BENCH_RAW_STREAM_PREFIX)).collect())
+}
+
+#[tokio::test]
+async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let options = bench::Options {
+        tasks: 20,
+        concurrency: 4,
+        mix: "echo=3,python=1".parse()?,
+        raw: true,
+        timeout: DEADLINE,
+        fleet_wait: DEADLINE,
+        replicas: 1,
+    };
+    let (_trigger, stop) = shutdown::channel();
+    let report = bench::run(&world.handles.js, &options, stop).await?;
+
+    assert_eq!((report.submitted, report.completed, report.failed, report.unfinished), (20, 20, 0, 0), "{report:#?}");
+    assert_eq!(report.end, RunEnd::Finished);
+    assert!(report.success());
+    assert_eq!(report.per_type.get(&TaskKind::Echo), Some(&15));
+    assert_eq!(report.per_type.get(&TaskKind::Python), Some(&5));
+    assert_eq!(report.workers, 1);
+    let start = assert_ordered("submit → start", report.submit_to_start_ms, 20);
+    let done = assert_ordered("submit → done", report.submit_to_done_ms, 20);
+    // Each workflow starts before it ends, so every order statistic of the starts is at most the
+    // same statistic of the ends.
+    assert!(
+        start.p50 <= done.p50 && start.p90 <= done.p90 && start.max <= done.max,
+        "start {start:?} vs done {done:?}"
+    );
+    assert!(report.tasks_per_sec > 0.0 && report.wall_ms >= done.max * 0.99, "{report:#?}");
+
+    let raw = report.raw.clone().expect("--raw was asked for");
+    assert_eq!(raw.messages, 20);
+    assert!(raw.msgs_per_sec > 0.0 && raw.message_bytes > 100, "{raw:?}");
+    assert_ordered("raw publish → consume", raw.publish_to_consume_ms, 20);
+    let ratio = report.ratio_to_raw.expect("a ratio with --raw");
+    assert!((ratio - report.tasks_per_sec / raw.msgs_per_sec).abs() < 1e-9, "{report:#?}");
+    assert!(raw.stream.starts_with(subjects::BENCH_RAW_STREAM_PREFIX), "{}", raw.stream);
+    assert!(world.handles.js.get_stream(&raw.stream).await.is_err(), "{} was not deleted", raw.stream);
+    assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
+
+    // The log agrees: twenty workflows completed, five of them dispatched as python tasks.
+    let events = world
+        .wait_for("20 workflows to complete", |events| {
+            events.iter().filter(|e| matches!(e.body, EventBody::WorkflowCompleted(_))).count() == 20
+        })
+        .await?;
+    let python_dispatched =
+        events.iter().filter(|e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task_type == "python")).count();
+    assert_eq!(python_dispatched, 5);
+
+    let json = serde_json::to_string(&report)?;
+    assert_eq!(serde_json::from_str::<Report>(&json)?, report);
+
+    // The binary, as a script uses it: JSON on stdout, success in the exit code.
+    let out = world.cli(&["bench", "--tasks", "6", "--concurrency", "3", "--mix", "echo=1", "--raw", "--json"]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let report: Report =
+        serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{e}: {}", tests::output_text(&out)))?;
+    assert_eq!((report.completed, report.per_type.get(&TaskKind::Echo)), (6, Some(&6)), "{report:#?}");
+    assert!(report.raw.is_some_and(|r| r.msgs_per_sec > 0.0));
+    assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
+
+    let out = world.cli(&["bench", "--mix", "echo=0"]).await?;
+    assert_eq!(out.status.code(), Some(2), "{}", tests::output_text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("the weight of echo is \"0\""),
+        "{}",
+        tests::output_text(&out)
+    );
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bench_that_cannot_finish_reports_unfinished_tasks_and_fails() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    // A cordoned worker is live and serves echo, so the bench starts, but nothing is placed.
+    let out = world.cli(&["worker", "cordon", "w1"]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let out = world.cli(&["bench", "--tasks", "3", "--mix", "echo=1", "--timeout-sec", "2", "--json"]).await?;
+    assert_eq!(out.status.code(), Some(1), "{}", tests::output_text(&out));
+    let report: Report =
+        serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{e}: {}", tests::output_text(&out)))?;
+    assert_eq!((report.submitted, report.completed, report.unfinished), (3, 0, 3), "{report:#?}");
+    assert_eq!(report.end, RunEnd::TimedOut);
+    assert!(!report.success());
+    world.shutdown().await;
+    Ok(())
+}

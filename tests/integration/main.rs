@@ -1,0 +1,13 @@
+//! Integration scenarios against a real nats-server.
+
+mod bench;
+mod binaries;
+mod cli;
+mod dev;
+mod observability;
+mod router;
+mod security;
+mod skeleton;
+mod ssh;
+mod validator;
+mod worker;

@@ -1,0 +1,78 @@
+//! The walking skeleton: one echo task from `nats pub` to a stored result.
+
+use flowmesh_domain::EventBody;
+use flowmesh_domain::schema::check_event;
+use tests::{World, example, kinds};
+
+#[tokio::test]
+async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    world.nats_pub(&example("valid/echo.yaml")).await?;
+
+    let events = world.wait_workflow_end("wf-1").await?;
+    let task_events: Vec<_> = events
+        .iter()
+        .filter(|e| e.body.task().is_some() || matches!(e.body, EventBody::SubmissionAccepted(_)))
+        .collect();
+    let order: Vec<&str> = task_events.iter().map(|e| e.body.kind()).filter(|k| *k != "task.pending").collect();
+    assert_eq!(
+        order,
+        ["submission.accepted", "task.dispatched", "task.started", "task.completed"],
+        "{:?}",
+        kinds(&events)
+    );
+    assert_eq!(events.last().map(|e| e.body.kind()), Some("workflow.completed"));
+
+    let task_id = match &events[0].body {
+        EventBody::SubmissionAccepted(a) => {
+            assert_eq!(a.workflow_id, "wf-1");
+            assert_eq!(a.submission.stream, "FLOWMESH_SUBMISSIONS");
+            assert_eq!(a.submission.seq, 1);
+            a.task_ids[0].clone()
+        }
+        other => panic!("first event should be the verdict, got {other:?}"),
+    };
+    for e in events.iter().filter_map(|e| e.body.task()) {
+        assert_eq!((e.workflow_id.as_str(), e.task_id.as_str(), e.attempt), ("wf-1", task_id.as_str(), 1));
+    }
+    let workers: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TaskDispatched(d) => Some(d.worker_id.as_str()),
+            EventBody::TaskStarted(s) => Some(s.worker_id.as_str()),
+            EventBody::TaskCompleted(c) => Some(c.worker_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(workers, ["w1", "w1", "w1"]);
+
+    let completed = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCompleted(c) => Some(c.clone()),
+        _ => None,
+    });
+    let completed = completed.expect("a completion");
+    let expected = serde_json::json!({"ok": true, "count": 3, "items": [{"output": "hello"}, {"output": "from"}, {"output": "flowmesh"}]});
+    assert_eq!(completed.result, Some(expected.clone()));
+    assert_eq!(completed.result_object, format!("{task_id}/results.json"));
+    let artifact = completed.artifacts.iter().find(|a| a.name == "results.json").expect("results.json artifact");
+    assert!(artifact.digest.starts_with("SHA-256="));
+
+    // The object store holds the result, and fetching verifies its digest.
+    let out = world.dir.path().join("fetched");
+    let fetched = flowmesh::views::fetch_results(&world.handles.js, &task_id, &out).await?;
+    assert!(fetched.iter().any(|(name, _)| name == "results.json"));
+    let stored: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("results.json"))?)?;
+    assert_eq!(stored, expected);
+    // And the worker wrote it locally too.
+    let local = world.dir.path().join("results/w1").join(&task_id).join("results.json");
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&std::fs::read(local)?)?, expected);
+
+    // Every event on the log validates against schemas/event.schema.json.
+    for e in world.events() {
+        let problems = check_event(&serde_json::to_value(&e)?);
+        assert!(problems.is_empty(), "{} does not match the event schema: {problems:?}", e.id);
+    }
+    world.shutdown().await;
+    Ok(())
+}

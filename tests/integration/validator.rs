@@ -1,0 +1,190 @@
+//! The validator: verdicts, rejections with paths, exactly one verdict per submission.
+
+use async_nats::jetstream::consumer::PullConsumer;
+use flowmesh_domain::EventBody;
+use futures_util::StreamExt;
+use std::time::Duration;
+use tests::{World, example};
+
+fn verdicts(events: &[flowmesh_domain::Event], workflow_id: &str) -> usize {
+    events
+        .iter()
+        .filter(|e| match &e.body {
+            EventBody::SubmissionAccepted(a) => a.workflow_id == workflow_id,
+            EventBody::SubmissionRejected(r) => r.workflow_id == workflow_id,
+            _ => false,
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn malformed_document_gets_one_rejection_with_paths() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let doc = b"apiVersion: flowmesh/v1\nkind: Workflow\nspec:\n  taskType: echo\n  data: {type: list, items: [a]}\n  resources:\n    hardware:\n      memory: lots\n  colour: blue\n";
+    world.nats_pub(doc).await?;
+    let events = world.wait_for("the verdict", |events| verdicts(events, "wf-1") == 1).await?;
+    let EventBody::SubmissionRejected(rejection) = &events[0].body else {
+        panic!("expected a rejection, got {:?}", events[0])
+    };
+    let paths: Vec<&str> = rejection.errors.iter().map(|p| p.path.as_str()).collect();
+    assert!(paths.contains(&"/spec/resources/hardware/memory"), "{:?}", rejection.errors);
+    assert!(paths.contains(&"/spec/colour"), "{:?}", rejection.errors);
+    assert!(rejection.errors.iter().all(|p| !p.message.is_empty()));
+
+    // Hostile bodies are rejected too, and the validator keeps serving.
+    world.nats_pub(b"\xff\xfe binary").await?;
+    world.nats_pub(b"").await?;
+    world.nats_pub(&example("valid/echo.yaml")).await?;
+    let events = world
+        .wait_for("three more verdicts", |events| (2..=4).all(|n| verdicts(events, &format!("wf-{n}")) == 1))
+        .await?;
+    let accepted =
+        events.iter().any(|e| matches!(&e.body, EventBody::SubmissionAccepted(a) if a.workflow_id == "wf-4"));
+    assert!(accepted, "the validator still accepts good documents after hostile ones");
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_validator_crash_between_receipt_and_ack_yields_one_verdict() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    let config = flowmesh_validator::Config { ack_wait: Duration::from_secs(1), ..Default::default() };
+    world.submit(&example("valid/echo.yaml"), None).await?;
+    world.submit(&example("valid/echo.yaml"), None).await?;
+
+    // The first validator receives both submissions; it stores the verdict of the first and
+    // "crashes" before acking either (the messages are never acked).
+    let consumer: PullConsumer = flowmesh_validator::consumer(&world.handles.js, &config).await?;
+    let mut batch = consumer.fetch().max_messages(2).messages().await?;
+    let first = batch.next().await.expect("first submission").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let _second = batch.next().await.expect("second submission").map_err(|e| anyhow::anyhow!("{e}"))?;
+    flowmesh_validator::publish_verdict(&world.handles.js, &first, "crashed")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    drop(batch);
+
+    // A restarted validator gets both again once the ack wait passes.
+    world.validator("validator", config).await?;
+    world
+        .wait_for("verdicts for both", |events| verdicts(events, "wf-1") >= 1 && verdicts(events, "wf-2") >= 1)
+        .await?;
+    let mut consumer = consumer;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let info = consumer.info().await?;
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "submissions never acked: {info:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Both redeliveries were handled; the stream kept one verdict each.
+    let mut stream = world.handles.js.get_stream("FLOWMESH_EVENTS").await?;
+    let stored = stream.info().await?.state.messages;
+    assert_eq!(stored, 2, "exactly two verdicts stored");
+    let events = world.events();
+    assert_eq!((verdicts(&events, "wf-1"), verdicts(&events, "wf-2")), (1, 1));
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_resubmission_with_the_same_msg_id_gets_one_verdict() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let first = world.submit(&example("valid/echo.yaml"), Some("run-42")).await?;
+    let again = world.submit(&example("valid/echo.yaml"), Some("run-42")).await?;
+    assert_eq!(first, again, "the stream answers a duplicate with the original sequence");
+    let other = world.submit(&example("valid/echo.yaml"), Some("run-43")).await?;
+    world.wait_for("both verdicts", |events| verdicts(events, &other) == 1 && verdicts(events, &first) == 1).await?;
+    let mut stream = world.handles.js.get_stream("FLOWMESH_SUBMISSIONS").await?;
+    assert_eq!(stream.info().await?.state.messages, 2, "the duplicate was not stored");
+    assert_eq!(verdicts(&world.events(), &first), 1);
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_validators_share_the_load_and_each_submission_gets_one_verdict() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    let config = |name: &str| flowmesh_validator::Config { instance: name.to_owned(), batch: 2, ..Default::default() };
+    world.validator("v1", config("v1")).await?;
+    world.validator("v2", config("v2")).await?;
+    let n = 120;
+    let doc = example("valid/sft_then_inference.yaml");
+    for _ in 0..n {
+        world.client.publish("flowmesh.submit", doc.clone().into()).await?;
+    }
+    world.client.flush().await?;
+    let events =
+        world.wait_for("every verdict", |events| (1..=n).all(|i| verdicts(events, &format!("wf-{i}")) >= 1)).await?;
+    let mut by = std::collections::BTreeMap::<String, usize>::new();
+    for i in 1..=n {
+        assert_eq!(verdicts(&events, &format!("wf-{i}")), 1, "wf-{i}");
+    }
+    for e in &events {
+        if let EventBody::SubmissionAccepted(a) = &e.body {
+            *by.entry(a.submission.validated_by.clone().unwrap_or_default()).or_default() += 1;
+        }
+    }
+    assert_eq!(by.values().sum::<usize>(), n);
+    assert!(by.len() == 2 && by.values().all(|&c| c > 0), "both validators took part: {by:?}");
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_input_is_rejected_and_the_validator_keeps_serving() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let mut bomb = String::from("apiVersion: flowmesh/v1\nkind: X\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..12 {
+        let p = i - 1;
+        bomb += &format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n");
+    }
+    let deep = format!("spec: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let huge_name = format!(
+        "apiVersion: flowmesh/v1\nkind: Echo\nmetadata:\n  name: \"{}\"\nspec:\n  taskType: echo\n  data: {{type: list, items: [a]}}\n",
+        "x".repeat(1024 * 1024 - 200)
+    );
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("alias bomb", bomb.into_bytes(), "invalid YAML"),
+        ("10,000-deep nesting", deep.into_bytes(), "invalid YAML"),
+        ("invalid UTF-8", b"spec: \xc3\x28\n".to_vec(), "UTF-8"),
+        ("binary", vec![0u8, 1, 2, 3, 255, 254], "UTF-8"),
+        ("empty", Vec::new(), "empty"),
+        ("several documents", b"kind: A\n---\nkind: B\n".to_vec(), "invalid YAML"),
+        ("duplicate keys", b"kind: A\nkind: B\nspec: {}\n".to_vec(), "invalid YAML"),
+        ("a 1 MiB scalar", huge_name.into_bytes(), "event limit"),
+    ];
+    for (i, (what, body, needle)) in cases.iter().enumerate() {
+        world.nats_pub(body).await?;
+        let wf = format!("wf-{}", i + 1);
+        let events = world.wait_for(&format!("the verdict on {what}"), |events| verdicts(events, &wf) == 1).await?;
+        let rejection = events.iter().find_map(|e| match &e.body {
+            EventBody::SubmissionRejected(r) if r.workflow_id == wf => Some(r.clone()),
+            _ => None,
+        });
+        let rejection = rejection.unwrap_or_else(|| panic!("{what} must be rejected"));
+        assert!(rejection.errors.iter().any(|p| p.message.contains(needle)), "{what}: {:?}", rejection.errors);
+    }
+    // A 2 MiB message never reaches the stream: the server refuses it (max_payload, max_msg_size).
+    let refused = world.handles.js.publish("flowmesh.submit", vec![b'a'; 2 * 1024 * 1024].into()).await;
+    let refused = match refused {
+        Err(e) => Err(e.to_string()),
+        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+    };
+    assert!(refused.is_err(), "a 2 MiB submission must be refused");
+    world.nats_pub(&example("valid/echo.yaml")).await?;
+    let n = cases.len() + 1;
+    let events =
+        world.wait_for("a verdict on a good document", |events| verdicts(events, &format!("wf-{n}")) == 1).await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::SubmissionAccepted(a) if a.workflow_id == format!("wf-{n}")))
+    );
+    world.shutdown().await;
+    Ok(())
+}

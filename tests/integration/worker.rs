@@ -1,0 +1,224 @@
+//! Workers: what they advertise, and that no crash, stop or outage loses or repeats work.
+
+use flowmesh_domain::EventBody;
+use flowmesh_domain::fleet::{Hardware, WorkerSnapshot};
+use tests::{World, kinds, worker_config};
+
+async fn snapshot(world: &World, id: &str) -> anyhow::Result<WorkerSnapshot> {
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        if let Some(bytes) = world.handles.workers.get(id).await? {
+            return Ok(serde_json::from_slice(&bytes)?);
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no snapshot for {id}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn only_constructible_plugins_are_advertised_and_the_router_respects_it() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let plugins = world.dir.path().join("plugins.toml");
+    std::fs::write(
+        &plugins,
+        r#"
+[[executor]]
+name = "trl"
+task_types = ["sft"]
+probe = ["true"]
+command = ["/bin/sh", "-c", "echo '{}' > \"$FLOWMESH_RESULT_FILE\""]
+
+[[executor]]
+name = "broken"
+task_types = ["ppo"]
+probe = ["false"]
+command = ["/bin/true"]
+
+[[executor]]
+name = "vllm"
+task_types = ["dpo"]
+requires_gpu = true
+command = ["/bin/true"]
+"#,
+    )?;
+    let mut config =
+        worker_config(&world, "cpu-1", Some(Hardware { cpu_cores: 4, memory_bytes: 8 << 30, ..Default::default() }));
+    config.executors_file = Some(plugins);
+    world.worker(config).await?;
+    let snap = snapshot(&world, "cpu-1").await?;
+    assert!(snap.supported_task_types.contains(&"sft".to_owned()), "{:?}", snap.supported_task_types);
+    assert!(!snap.supported_task_types.contains(&"ppo".to_owned()), "a plugin whose probe fails is not advertised");
+    assert!(
+        !snap.supported_task_types.contains(&"dpo".to_owned()),
+        "a GPU-only plugin on a CPU worker is not advertised"
+    );
+    assert!(snap.simulated);
+    let problems = flowmesh_domain::schema::check_worker(&serde_json::to_value(&snap)?);
+    assert!(problems.is_empty(), "the snapshot matches schemas/worker.schema.json: {problems:?}");
+
+    let wf =
+        world.submit(b"apiVersion: flowmesh/v1\nkind: DPO\nmetadata: {name: d}\nspec: {taskType: dpo}\n", None).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert!(!kinds(&events).contains(&"task.dispatched"), "never sent to a worker that cannot run it");
+    assert!(events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "no_eligible_worker")));
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_finishing_but_before_reporting_reports_once_and_never_reruns() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let results = world.dir.path().join("w1-results");
+    let counter = world.dir.path().join("runs.txt");
+    let env = |failpoint: bool| {
+        let mut env = vec![
+            ("WORKER_ID", "w1".to_owned()),
+            ("RESULTS_DIR", results.display().to_string()),
+            ("HEARTBEAT_INTERVAL_SEC", "1".to_owned()),
+            ("WORKER_TTL_SEC", "60".to_owned()),
+            ("WORKER_ACK_WAIT_SEC", "2".to_owned()),
+        ];
+        if failpoint {
+            env.push(("FLOWMESH_FAILPOINT", "after-journal-finish".to_owned()));
+        }
+        env
+    };
+    let as_refs = |env: &[(&'static str, String)]| env.iter().map(|(k, v)| (*k, v.clone())).collect::<Vec<_>>();
+    let first = as_refs(&env(true));
+    world.process("w1", &["worker"], &first.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>())?;
+    let doc = format!(
+        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: once}}\nspec:\n  taskType: python\n  command: 'echo run >> {}; echo done'\n",
+        counter.display()
+    );
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    let status = world.wait_exit("w1").await?;
+    assert!(!status.success(), "the failpoint killed the worker: {status:?}\n{}", world.process_log("w1"));
+    assert!(!kinds(&world.events()).contains(&"task.completed"), "it died before reporting");
+    assert_eq!(std::fs::read_to_string(&counter)?.lines().count(), 1);
+
+    let second = as_refs(&env(false));
+    world.process("w1-again", &["worker"], &second.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>())?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    // The old work order is redelivered once its ack wait passes; the journal answers it.
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = world
+        .handles
+        .js
+        .get_stream("FLOWMESH_WORK")
+        .await?
+        .get_consumer("worker-w1")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let info = consumer.info().await?;
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "work order never acked: {info:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(std::fs::read_to_string(&counter)?.lines().count(), 1, "the finished task was not run again");
+    let terminal = world.events().iter().filter(|e| e.body.is_task_terminal()).count();
+    assert_eq!(terminal, 1, "reported exactly once");
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_work_then_leaves_the_fleet() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    world.worker_process("w1", &[])?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: drain}\nspec:\n  taskType: python\n  command: 'sleep 2; echo finished'\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    world.wait_for("the task to start", |events| kinds(events).contains(&"task.started")).await?;
+    world.terminate("w1")?;
+    let status = world.wait_exit("w1").await?;
+    assert!(status.success(), "{status:?}\n{}", world.process_log("w1"));
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(
+        events.last().unwrap().body.kind(),
+        "workflow.completed",
+        "the in-flight task finished: {:?}",
+        kinds(&events)
+    );
+    world
+        .wait_for("w1 to leave", |events| {
+            events.iter().any(
+                |e| matches!(&e.body, EventBody::WorkerLost(l) if l.worker_id == "w1" && l.reason == "left the fleet"),
+            )
+        })
+        .await?;
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_nats_server_restart_mid_task_loses_nothing() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: outage}\nspec:\n  taskType: python\n  command: 'sleep 3; echo survived'\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    world.wait_for("the task to start", |events| kinds(events).contains(&"task.started")).await?;
+    world.server.restart(None).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let completed = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCompleted(c) => c.result.clone(),
+        _ => None,
+    });
+    assert!(completed.unwrap()["stdout"].as_str().unwrap().contains("survived"));
+    assert_eq!(events.iter().filter(|e| e.body.is_task_terminal()).count(), 1);
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_python_stage_reads_its_upstream_inputs() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let wf = world.submit(&tests::example("valid/python.yaml"), None).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}\n{events:#?}", kinds(&events));
+    let result = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCompleted(c) if c.task.stage == "count" => c.result.clone(),
+        _ => None,
+    });
+    assert_eq!(result.unwrap()["output"], serde_json::json!({"lines": 2, "metrics": {"total_words": 15}}));
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_draining_worker_hands_back_what_outlives_its_grace_and_another_worker_finishes_it() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    world.worker_process("w1", &[("WORKER_DRAIN_GRACE_SEC", "1")])?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: long}\nspec:\n  taskType: python\n  command: 'if [ \"$FLOWMESH_ATTEMPT\" = 1 ]; then sleep 60; fi; echo finished'\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    world
+        .wait_for("the task to start on w1", |events| {
+            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.worker_id == "w1"))
+        })
+        .await?;
+    world.terminate("w1")?;
+    let status = world.wait_exit("w1").await?;
+    assert!(status.success(), "a clean exit after the hand-back: {status:?}\n{}", world.process_log("w1"));
+    world.worker(worker_config(&world, "w2", None)).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    assert!(
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "handed_back" && f.retryable))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.worker_id == "w2" && c.task.attempt == 2))
+    );
+    assert!(!kinds(&events).contains(&"task.cancelled"), "a hand-back is not a cancellation");
+    world.shutdown().await;
+    Ok(())
+}

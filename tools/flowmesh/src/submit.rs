@@ -1,0 +1,210 @@
+//! Submitting a document and following its workflow to the end.
+
+use crate::log;
+use async_nats::jetstream::{self, message::PublishMessage};
+use flowmesh_domain::state::{State, TaskStatus, WorkflowStatus};
+use flowmesh_domain::{Event, EventBody, ids};
+use flowmesh_nats::{retry, subjects};
+use futures_util::StreamExt;
+use std::time::Duration;
+
+/// Publishes a submission; returns the workflow id it will get (from the stream sequence).
+/// Every submission carries a `Nats-Msg-Id` (one of its own when none is given), so a publish
+/// retried across a failover is stored once and answers with the first one's sequence.
+pub async fn submit(js: &jetstream::Context, body: Vec<u8>, msg_id: Option<&str>) -> anyhow::Result<(String, u64)> {
+    let msg_id = msg_id.map(str::to_owned).unwrap_or_else(fresh_msg_id);
+    let body = bytes::Bytes::from(body);
+    let ack = retry::patiently("storing the submission", retry::FAILOVER_BUDGET, || async {
+        let publish = PublishMessage::build().payload(body.clone()).message_id(msg_id.as_str());
+        Ok(js.send_publish(subjects::SUBMIT, publish).await?.await?)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("submission not stored: {e}"))?;
+    Ok((ids::workflow_id(ack.sequence), ack.sequence))
+}
+
+/// A message id no other submission has: this process, this instant.
+fn fresh_msg_id() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("cli-{}-{nanos}", std::process::id())
+}
+
+/// How a followed workflow ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Rejected,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl End {
+    pub fn success(self) -> bool {
+        self == End::Completed
+    }
+}
+
+/// Follows one workflow's events until its verdict is a rejection or the workflow ends.
+/// `on_event` sees every event with the fold after it.
+pub async fn follow(
+    js: &jetstream::Context,
+    workflow_id: &str,
+    timeout: Duration,
+    mut on_event: impl FnMut(&Event, &State),
+) -> anyhow::Result<(End, State)> {
+    let stream = log::events(js, subjects::workflow_events(workflow_id), true).await?;
+    futures_util::pin_mut!(stream);
+    let mut state = State::default();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => anyhow::bail!("{workflow_id} did not finish within {}s", timeout.as_secs()),
+            Ok(None) => anyhow::bail!("the event stream ended before {workflow_id} finished"),
+            Ok(Some(event)) => event?,
+        };
+        state.apply(&event);
+        on_event(&event, &state);
+        if state.rejected.contains_key(workflow_id) {
+            return Ok((End::Rejected, state));
+        }
+        if let Some(wf) = state.workflows.get(workflow_id) {
+            let end = match wf.status {
+                WorkflowStatus::Running => continue,
+                WorkflowStatus::Completed => End::Completed,
+                WorkflowStatus::Failed => End::Failed,
+                WorkflowStatus::Cancelled => End::Cancelled,
+            };
+            return Ok((end, state));
+        }
+    }
+}
+
+/// One line for a person following a workflow, or `None` for events not worth a line.
+pub fn progress_line(event: &Event) -> Option<String> {
+    let line = match &event.body {
+        EventBody::SubmissionAccepted(e) => {
+            format!("accepted: {} task(s): {}", e.task_ids.len(), e.task_ids.join(", "))
+        }
+        EventBody::SubmissionRejected(e) => format!("rejected with {} problem(s)", e.errors.len()),
+        EventBody::TaskPending(e) => format!("{:<12} waiting: {}", e.task.stage, e.message),
+        EventBody::TaskDispatched(e) => {
+            format!("{:<12} dispatched to {} (attempt {})", e.task.stage, e.worker_id, e.task.attempt)
+        }
+        EventBody::TaskStarted(e) => format!("{:<12} started on {}", e.task.stage, e.worker_id),
+        EventBody::TaskUpdated(e) => format!("{:<12} {}", e.task.stage, e.message),
+        EventBody::TaskCompleted(e) => format!("{:<12} completed ({} artifact(s))", e.task.stage, e.artifacts.len()),
+        EventBody::TaskFailed(e) => format!(
+            "{:<12} failed: {} ({}){}",
+            e.task.stage,
+            e.message,
+            e.reason,
+            if e.retryable { ", retryable" } else { "" }
+        ),
+        EventBody::TaskRequeued(e) => {
+            format!("{:<12} requeued as attempt {}: {}", e.task.stage, e.task.attempt, e.reason)
+        }
+        EventBody::TaskSkipped(e) => format!("{:<12} skipped: {}", e.task.stage, e.reason),
+        EventBody::TaskCancelRequested(e) => format!("cancel requested: {}", e.reason),
+        EventBody::TaskCancelled(e) => format!("{:<12} cancelled: {}", e.task.stage, e.reason),
+        EventBody::WorkflowCompleted(e) => format!("workflow {} completed", e.workflow_id),
+        EventBody::WorkflowFailed(e) => {
+            format!("workflow {} failed: {}", e.workflow_id, e.reason.as_deref().unwrap_or(""))
+        }
+        EventBody::WorkflowCancelled(e) => format!("workflow {} cancelled", e.workflow_id),
+        EventBody::WorkerJoined(_)
+        | EventBody::WorkerLost(_)
+        | EventBody::WorkerCordoned(_)
+        | EventBody::WorkerUncordoned(_) => return None,
+    };
+    Some(line)
+}
+
+/// The results of a finished workflow, stage → result (fetched from the store when not inline).
+pub async fn results(js: &jetstream::Context, state: &State, workflow_id: &str) -> anyhow::Result<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    let Some(wf) = state.workflows.get(workflow_id) else {
+        return Ok(serde_json::Value::Object(out));
+    };
+    let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+    for t in &wf.tasks {
+        let value = match (t.status, &t.result, &t.result_object) {
+            (TaskStatus::Completed, Some(result), _) => result.clone(),
+            (TaskStatus::Completed, None, Some(object)) => {
+                let mut reader = store.get(object).await?;
+                let mut bytes = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await?;
+                serde_json::from_slice(&bytes)?
+            }
+            (status, _, _) => {
+                serde_json::json!({ "status": status, "reason": t.reason, "message": t.message })
+            }
+        };
+        out.insert(t.def.stage.clone(), value);
+    }
+    Ok(serde_json::Value::Object(out))
+}
+
+/// A table of a workflow's stages (state, worker, attempt, elapsed), redrawn in place on a
+/// terminal as events arrive.
+#[derive(Default)]
+pub struct LiveView {
+    /// Lines drawn last time, to move the cursor back over them.
+    drawn: usize,
+    started: std::collections::HashMap<String, std::time::Instant>,
+    finished: std::collections::HashMap<String, Duration>,
+}
+
+impl LiveView {
+    /// The table for the current fold.
+    pub fn render(&mut self, state: &State, workflow_id: &str) -> String {
+        let Some(wf) = state.workflows.get(workflow_id) else {
+            return format!("{workflow_id}: waiting for the verdict\n");
+        };
+        let rows: Vec<Vec<String>> = wf
+            .tasks
+            .iter()
+            .map(|t| {
+                let id = &t.def.task_id;
+                if t.status.is_on_worker() || t.status.is_terminal() {
+                    self.started.entry(id.clone()).or_insert_with(std::time::Instant::now);
+                }
+                if t.status.is_terminal() && !self.finished.contains_key(id) {
+                    let took = self.started.get(id).map_or(Duration::ZERO, |s| s.elapsed());
+                    self.finished.insert(id.clone(), took);
+                }
+                let elapsed = self.finished.get(id).copied().or_else(|| self.started.get(id).map(|s| s.elapsed()));
+                let mut note = crate::views::task_note(t);
+                if note.chars().count() > 72 {
+                    note = note.chars().take(71).collect::<String>() + "…";
+                }
+                vec![
+                    t.def.stage.clone(),
+                    crate::views::status_name(t.status),
+                    t.worker_id.clone().unwrap_or_else(|| "-".to_owned()),
+                    t.attempt.to_string(),
+                    elapsed.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
+                    note,
+                ]
+            })
+            .collect();
+        let status = crate::views::workflow_status_name(wf.status);
+        format!(
+            "{workflow_id} ({}) {status}\n{}",
+            wf.name,
+            crate::table::render(&["STAGE", "STATUS", "WORKER", "ATTEMPT", "ELAPSED", "NOTE"], &rows)
+        )
+    }
+
+    /// Redraws the table over the previous one.
+    pub fn draw(&mut self, state: &State, workflow_id: &str, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let text = self.render(state, workflow_id);
+        if self.drawn > 0 {
+            // Cursor up over the last table, then clear to the end of the screen.
+            write!(out, "\x1b[{}A\x1b[J", self.drawn)?;
+        }
+        write!(out, "{text}")?;
+        out.flush()?;
+        self.drawn = text.lines().count();
+        Ok(())
+    }
+}

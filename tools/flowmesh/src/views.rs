@@ -1,0 +1,251 @@
+//! Views over the event log and the fleet: workflows, tasks, workers, results.
+
+use crate::table;
+use async_nats::jetstream;
+use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::state::{State, TaskState, TaskStatus, WorkflowState};
+use flowmesh_domain::units::format_bytes;
+use flowmesh_nats::{clock, subjects};
+use futures_util::StreamExt;
+use std::path::Path;
+
+pub fn workflow_rows(state: &State) -> Vec<Vec<String>> {
+    let mut rows: Vec<(u64, Vec<String>)> = state
+        .workflows
+        .values()
+        .map(|wf| {
+            let done = wf.tasks.iter().filter(|t| t.status.is_terminal()).count();
+            (
+                seq_of(&wf.workflow_id),
+                vec![
+                    wf.workflow_id.clone(),
+                    wf.name.clone(),
+                    format!("{:?}", wf.status).to_lowercase(),
+                    format!("{done}/{}", wf.tasks.len()),
+                    wf.owner.clone().unwrap_or_default(),
+                    wf.submitted_at.clone(),
+                ],
+            )
+        })
+        .chain(state.rejected.values().map(|r| {
+            (
+                seq_of(&r.workflow_id),
+                vec![
+                    r.workflow_id.clone(),
+                    String::new(),
+                    "rejected".into(),
+                    "0/0".into(),
+                    String::new(),
+                    String::new(),
+                ],
+            )
+        }))
+        .collect();
+    rows.sort_by_key(|(seq, _)| *seq);
+    rows.into_iter().map(|(_, row)| row).collect()
+}
+
+fn seq_of(workflow_id: &str) -> u64 {
+    workflow_id.trim_start_matches("wf-").parse().unwrap_or(0)
+}
+
+pub fn print_workflows(state: &State) {
+    print!("{}", table::render(&["WORKFLOW", "NAME", "STATUS", "DONE", "OWNER", "SUBMITTED"], &workflow_rows(state)));
+}
+
+/// The lower-case name of a task status, as the tables and filters spell it.
+pub fn status_name(status: TaskStatus) -> String {
+    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// The lower-case name of a workflow status.
+pub fn workflow_status_name(status: flowmesh_domain::state::WorkflowStatus) -> String {
+    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}
+
+/// What a person wants to know next to a task's status: why it failed, was skipped or waits.
+pub fn task_note(t: &TaskState) -> String {
+    t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone()).unwrap_or_default()
+}
+
+/// Tasks as a table.
+pub fn task_table(tasks: &[&TaskState]) -> String {
+    let rows: Vec<Vec<String>> = tasks
+        .iter()
+        .map(|t| {
+            vec![
+                t.def.task_id.clone(),
+                t.def.stage.clone(),
+                t.def.task_type.clone(),
+                status_name(t.status),
+                t.attempt.to_string(),
+                t.worker_id.clone().unwrap_or_default(),
+                task_note(t),
+            ]
+        })
+        .collect();
+    table::render(&["TASK", "STAGE", "TYPE", "STATUS", "ATTEMPT", "WORKER", "NOTE"], &rows)
+}
+
+pub fn print_workflow(wf: &WorkflowState) {
+    println!("{} ({}) {}", wf.workflow_id, wf.name, workflow_status_name(wf.status));
+    print!("{}", task_table(&wf.tasks.iter().collect::<Vec<_>>()));
+}
+
+/// Every snapshot in the workers bucket, with its age in seconds.
+pub async fn workers(js: &jetstream::Context) -> anyhow::Result<Vec<(WorkerSnapshot, u64)>> {
+    let store = js.get_key_value(subjects::WORKERS_BUCKET).await?;
+    let mut keys = store.keys().await?;
+    let mut out = Vec::new();
+    let now = clock::now_ms();
+    while let Some(key) = keys.next().await {
+        let key = key?;
+        if let Some(entry) = store.entry(&key).await?
+            && let Ok(snapshot) = serde_json::from_slice::<WorkerSnapshot>(&entry.value)
+        {
+            let at = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+            out.push((snapshot, now.saturating_sub(at) / 1000));
+        }
+    }
+    out.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+    Ok(out)
+}
+
+pub fn print_workers(workers: &[(WorkerSnapshot, u64)]) {
+    let rows: Vec<Vec<String>> = workers
+        .iter()
+        .map(|(w, age)| {
+            let gpus = if w.hardware.gpus.is_empty() {
+                "-".to_owned()
+            } else {
+                let first = &w.hardware.gpus[0];
+                format!("{}x {} {}", w.hardware.gpus.len(), first.name, format_bytes(first.memory_bytes))
+            };
+            let stale = if *age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
+            vec![
+                w.id.clone(),
+                format!("{:?}", w.status).to_lowercase(),
+                w.supported_task_types.join(","),
+                format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
+                gpus,
+                format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
+                stale,
+                if w.simulated { "yes".into() } else { "no".into() },
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table::render(&["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED"], &rows)
+    );
+}
+
+/// Downloads a task's objects into `out`, verifying each against its SHA-256 digest.
+pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -> anyhow::Result<Vec<(String, u64)>> {
+    let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+    let mut list = store.list().await?;
+    let prefix = format!("{task_id}/");
+    let mut fetched = Vec::new();
+    while let Some(info) = list.next().await {
+        let info = info?;
+        let Some(relative) = info.name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if relative.split('/').any(|p| p == ".." || p.is_empty()) {
+            anyhow::bail!("object {} has an unsafe path", info.name);
+        }
+        let mut reader = store.get(&info.name).await?;
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await?;
+        let digest = flowmesh_nats::digest::sha256(&bytes);
+        if let Some(expected) = &info.digest
+            && expected != &digest
+        {
+            anyhow::bail!("{} is corrupt: digest {digest}, expected {expected}", info.name);
+        }
+        let path = out.join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, &bytes)?;
+        fetched.push((relative.to_owned(), bytes.len() as u64));
+    }
+    if fetched.is_empty() {
+        anyhow::bail!("no stored results for task {task_id}");
+    }
+    Ok(fetched)
+}
+
+/// One stream's replication health.
+#[derive(Debug, serde::Serialize)]
+pub struct StreamHealth {
+    pub stream: String,
+    pub messages: u64,
+    pub leader: Option<String>,
+    /// Followers with their state: `current`, `lagging` or `offline`.
+    pub replicas: Vec<(String, &'static str)>,
+    pub healthy: bool,
+}
+
+/// Leader and replicas of every FlowMesh stream, bucket and object store.
+pub async fn stream_health(js: &jetstream::Context) -> anyhow::Result<Vec<StreamHealth>> {
+    let names = [
+        subjects::SUBMISSIONS_STREAM.to_owned(),
+        subjects::EVENTS_STREAM.to_owned(),
+        subjects::WORK_STREAM.to_owned(),
+        format!("KV_{}", subjects::WORKERS_BUCKET),
+        format!("KV_{}", subjects::CONTROL_BUCKET),
+        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
+    ];
+    let mut out = Vec::new();
+    for name in names {
+        let mut stream = js.get_stream(&name).await?;
+        let info = stream.info().await?;
+        let (leader, replicas) = match &info.cluster {
+            // A single server reports no cluster: it is its own leader.
+            None => (Some("(single server)".to_owned()), Vec::new()),
+            Some(cluster) => (
+                cluster.leader.clone(),
+                cluster
+                    .replicas
+                    .iter()
+                    .map(|p| {
+                        (
+                            p.name.clone(),
+                            if p.offline {
+                                "offline"
+                            } else if p.current {
+                                "current"
+                            } else {
+                                "lagging"
+                            },
+                        )
+                    })
+                    .collect(),
+            ),
+        };
+        let wanted = info.config.num_replicas.saturating_sub(1);
+        let current = replicas.iter().filter(|(_, state)| *state == "current").count();
+        // Healthy: a leader, and every follower it should have is caught up. A follower that is
+        // offline or lagging leaves the stream writable (a quorum) but not healthy.
+        let healthy = leader.is_some() && current >= wanted;
+        out.push(StreamHealth { stream: name, messages: info.state.messages, leader, replicas, healthy });
+    }
+    Ok(out)
+}
+
+pub fn stream_health_table(health: &[StreamHealth]) -> String {
+    let rows: Vec<Vec<String>> = health
+        .iter()
+        .map(|h| {
+            vec![
+                h.stream.clone(),
+                h.messages.to_string(),
+                h.leader.clone().unwrap_or_else(|| "NONE".to_owned()),
+                h.replicas.iter().map(|(name, state)| format!("{name} {state}")).collect::<Vec<_>>().join(", "),
+                if h.healthy { "yes".to_owned() } else { "no".to_owned() },
+            ]
+        })
+        .collect();
+    table::render(&["STREAM", "MESSAGES", "LEADER", "FOLLOWERS", "HEALTHY"], &rows)
+}

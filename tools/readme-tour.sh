@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Runs the README's tour and command list against a private local stack, so the README cannot
+# rot: first it checks that every `flowmesh …` line in the README's sh blocks appears below
+# (workflow ids normalised), then it runs them and checks their outcomes.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin="$repo/target/debug"
+[ -x "$bin/flowmesh" ] || { echo "readme-tour: build first (cargo build)" >&2; exit 1; }
+export PATH="$bin:$PATH"
+self="$repo/tools/readme-tour.sh"
+
+# 1. Every README command is exercised here.
+# Ids differ between runs: `wf-7` in the README and "$first" or "$ppo-main" here both read wf-N.
+normalise() { sed -E 's/wf-[0-9]+/wf-N/g; s/"\$[a-z_]+(-[a-z]+)?"/wf-N\1/g; s/[[:space:]]+#.*$//; s/[[:space:]]+$//'; }
+missing=0
+exercised=$(normalise <"$self")
+while IFS= read -r line; do
+  command=$(printf '%s\n' "$line" | normalise)
+  if ! grep -qF -- "$command" <<<"$exercised"; then
+    echo "readme-tour: the README command is not exercised: $command" >&2
+    missing=1
+  fi
+done < <(awk '/^```sh/{on=1; next} /^```/{on=0} on' "$repo/README.md" | grep -E '^([A-Z_]+=[^ ]+ )*flowmesh ' || true)
+[ "$missing" = 0 ] || exit 1
+
+# 2. The tour, in a scratch folder that sees the examples.
+work=$(mktemp -d)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+ln -s "$repo/examples" examples
+export NATS_URL="nats://127.0.0.1:$port"
+expect() { # expect CODE COMMAND...: runs it, fails the tour on another exit code
+  local want=$1; shift
+  echo "+ $*" >&2
+  set +e; "$@"; local got=$?; set -e
+  [ "$got" = "$want" ] || { echo "readme-tour: '$*' exited $got, expected $want" >&2; exit 1; }
+}
+wait_for() { # wait_for DESCRIPTION COMMAND...: polls for up to 60 s
+  local what=$1; shift
+  for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "readme-tour: timed out waiting for $what" >&2; exit 1
+}
+id_of() { sed -nE 's/^submitted (wf-[0-9]+) .*/\1/p' "$1" | tail -1; }
+
+flowmesh dev --data ./flowmesh-data --no-worker-grace-sec 10 --port "$port" >dev.log 2>&1 &
+pids+=($!)
+wait_for "the dev worker" sh -c 'flowmesh worker list | grep -q dev-worker-1'
+
+expect 0 flowmesh worker list
+expect 0 flowmesh submit examples/valid/conditional_echo_graph.yaml --watch 2>submit1.log
+first=$(id_of submit1.log)
+expect 0 flowmesh workflow list
+expect 0 flowmesh events --workflow "$first"
+
+expect 1 flowmesh plan examples/valid/ppo.yaml
+expect 1 flowmesh submit examples/valid/ppo.yaml --watch 2>ppo1.log
+grep -q 'no_eligible_worker' ppo1.log || { cat ppo1.log; echo "readme-tour: the PPO stage did not fail with no_eligible_worker" >&2; exit 1; }
+FLOWMESH_SIMULATE_HW="$(cat examples/hardware/gpu-h100.json)" FLOWMESH_EXECUTORS=examples/executors/demo-trainer.toml WORKER_ID=gpu-sim-1 flowmesh worker >gpu.log 2>&1 &
+pids+=($!)
+wait_for "the simulated GPU worker" sh -c 'flowmesh worker list | grep -q gpu-sim-1'
+expect 0 flowmesh plan examples/valid/ppo.yaml
+expect 0 flowmesh submit examples/valid/ppo.yaml --watch 2>ppo2.log
+ppo=$(id_of ppo2.log)
+expect 0 flowmesh result fetch "$ppo-main" --out ./out
+[ -s out/results.json ] && [ -s out/artifacts/checkpoints/model.txt ] || { echo "readme-tour: result fetch wrote no files" >&2; exit 1; }
+
+expect 0 flowmesh submit - --watch < examples/valid/echo.yaml
+expect 0 flowmesh submit examples/valid/echo.yaml --msg-id run-7
+expect 0 flowmesh validate examples/valid/*.yaml
+expect 0 flowmesh submit examples/valid/python_command.yaml --watch 2>python.log
+python_wf=$(id_of python.log)
+expect 0 flowmesh task logs "$python_wf-main"
+expect 0 flowmesh task list --workflow "$first"
+expect 0 flowmesh workflow info "$first"
+expect 0 flowmesh workflow cancel "$python_wf"
+expect 0 flowmesh worker info dev-worker-1
+expect 0 flowmesh worker cordon dev-worker-1
+expect 0 flowmesh worker uncordon dev-worker-1
+expect 0 flowmesh streams apply
+expect 0 flowmesh bench --dev --tasks 300 --concurrency 32 --raw
+flowmesh completions bash > flowmesh.bash
+[ -s flowmesh.bash ] || { echo "readme-tour: no completion script" >&2; exit 1; }
+expect 1 flowmesh validate examples/invalid/several_errors.yaml
+echo "readme-tour: every README command ran as documented"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit tables, example documents, the integration scenarios (each
+# starts its own nats-server on a free loopback port), then the README tour. Needs nats-server
+# on PATH: ./tools/install-deps.sh installs it. Ends with one line: "tests: N passed, M failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v nats-server >/dev/null || { echo "test: nats-server is not on PATH; run ./tools/install-deps.sh" >&2; exit 1; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked "$@" 2>&1 | tee "$log" || status=$?
+count() { sed -nE "s/^test result: .* ([0-9]+) $1;.*/\1/p" "$log" | awk '{n += $1} END {print n + 0}'; }
+passed=$(count passed)
+failed=$(count failed)
+if [ "$status" = 0 ]; then
+  # The README's commands, run as a newcomer would (see tools/readme-tour.sh).
+  if ./tools/readme-tour.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); status=1; fi
+fi
+echo "tests: $passed passed, $failed failed"
+exit "$status"
