@@ -327,6 +327,38 @@ pub struct FleetIndex<'a> {
     /// Per task type and strategy: the serving workers by static score, best first (built on
     /// first use). The static score is everything but the idle bonus and the jitter.
     rankings: std::cell::RefCell<HashMap<(String, Strategy), std::rc::Rc<Ranking>>>,
+    /// Requests found unplaceable, with their explanation (its message left empty). A backlog of
+    /// alike tasks costs one walk of the fleet, not one each. Still exact after `occupy`: a request
+    /// that had to wait had no eligible worker, and a taken slot is the last check, so it cannot
+    /// change any worker's first exclusion for that request, nor whether it is permanent.
+    unplaceable: std::cell::RefCell<HashMap<RequestKey, Explanation>>,
+}
+
+/// A `Request` made hashable: the CPU count by its bits (requests come from the same parser, so
+/// equal values have equal bits).
+#[derive(PartialEq, Eq, Hash)]
+struct RequestKey {
+    task_type: String,
+    cpu_bits: u64,
+    memory_bytes: u64,
+    gpu_count: u32,
+    gpu_kind: Option<String>,
+    gpu_memory_bytes: u64,
+    selected: Option<Vec<String>>,
+}
+
+impl RequestKey {
+    fn of(r: &Request) -> RequestKey {
+        RequestKey {
+            task_type: r.task_type.clone(),
+            cpu_bits: r.cpu.to_bits(),
+            memory_bytes: r.memory_bytes,
+            gpu_count: r.gpu.count,
+            gpu_kind: r.gpu.kind.clone(),
+            gpu_memory_bytes: r.gpu.memory_bytes,
+            selected: r.selected.clone(),
+        }
+    }
 }
 
 /// The serving workers of one task type under one strategy.
@@ -361,7 +393,7 @@ impl<'a> FleetIndex<'a> {
                 }
             }
         }
-        FleetIndex { workers, by_type, rankings: Default::default() }
+        FleetIndex { workers, by_type, rankings: Default::default(), unplaceable: Default::default() }
     }
 
     /// Records that a task was just placed on `worker_id` (its slot is taken until the fleet is rebuilt).
@@ -485,7 +517,8 @@ impl<'a> FleetIndex<'a> {
 
     /// Places one task, fast: workers serving the type are visited best static score first, and
     /// the walk stops once no later worker can beat the best eligible one found. Only a task
-    /// that has to wait gets the full explanation (a second walk, [`FleetIndex::place_explained`]).
+    /// that has to wait gets the full explanation (a second walk, [`FleetIndex::place_explained`]),
+    /// and only the first of alike waiting tasks walks: the others reuse its explanation.
     pub fn place(
         &self,
         request: &Request,
@@ -495,6 +528,12 @@ impl<'a> FleetIndex<'a> {
         avoid: &BTreeSet<String>,
         now_ms: u64,
     ) -> Placement {
+        let key = RequestKey::of(request);
+        if let Some(known) = self.unplaceable.borrow().get(&key) {
+            let mut explanation = known.clone();
+            explanation.message = sentence(&explanation, stage);
+            return Placement::Pending(explanation);
+        }
         let ranking = self.ranking(&request.task_type, strategy);
         let headroom = dynamic_headroom(strategy);
         let mut best: Option<Best> = None;
@@ -529,7 +568,14 @@ impl<'a> FleetIndex<'a> {
                 score: b.score,
                 explanation: None,
             },
-            None => self.place_explained(request, stage, task_id, strategy, avoid, now_ms),
+            None => {
+                let placement = self.place_explained(request, stage, task_id, strategy, avoid, now_ms);
+                if let Placement::Pending(explanation) = &placement {
+                    let known = Explanation { message: String::new(), ..explanation.clone() };
+                    self.unplaceable.borrow_mut().insert(key, known);
+                }
+                placement
+            }
         }
     }
 

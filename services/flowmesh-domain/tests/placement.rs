@@ -195,39 +195,55 @@ fn failed_workers_are_avoided_while_others_exist() {
     }
 }
 
-/// The fast walk (best static score first, stopping early) and the full walk always agree.
-#[test]
-fn the_fast_placement_picks_what_the_full_one_picks() {
-    use flowmesh_domain::placement::FleetIndex;
-    let mut seed = 0x2545F4914F6CDD1Du64;
-    let mut next = move |n: u64| {
+/// A small random fleet for the property tests below.
+fn random_fleet(next: &mut impl FnMut(u64) -> u64, types: &[&str]) -> Vec<WorkerSnapshot> {
+    (0..(1 + next(40)))
+        .map(|i| {
+            let serves: Vec<&str> = types.iter().copied().filter(|_| next(3) > 0).collect();
+            let gpus: Vec<(&str, u64)> = (0..next(3))
+                .map(|_| (["NVIDIA H100", "NVIDIA A100", "Tesla T4"][next(3) as usize], [16, 40, 80][next(3) as usize]))
+                .collect();
+            let mut w = worker(
+                &format!("w{i:02}"),
+                &serves,
+                [4, 8, 32][next(3) as usize] as u32,
+                [8, 64, 256][next(3) as usize],
+                &gpus,
+            );
+            w.cost_per_hour = 1.0 + next(5) as f64;
+            w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
+            w
+        })
+        .collect()
+}
+
+/// One of a few request shapes, so that alike requests come up often.
+fn random_request(next: &mut impl FnMut(u64) -> u64, task_type: &str) -> flowmesh_domain::placement::Request {
+    let hw = match next(3) {
+        0 => json!({}),
+        1 => json!({"cpu": 8, "memory": "32Gi"}),
+        _ => json!({"gpu": {"count": 1 + next(2), "memory": "20GB"}}),
+    };
+    request_for(task_type, &spec(hw), None).unwrap()
+}
+
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed % n
-    };
+    }
+}
+
+/// The fast walk (best static score first, stopping early) and the full walk always agree.
+#[test]
+fn the_fast_placement_picks_what_the_full_one_picks() {
+    use flowmesh_domain::placement::FleetIndex;
+    let mut next = xorshift(0x2545F4914F6CDD1D);
     let types = ["echo", "sft", "inference", "ssh"];
     for round in 0..200 {
-        let fleet: Vec<WorkerSnapshot> = (0..(1 + next(40)))
-            .map(|i| {
-                let serves: Vec<&str> = types.iter().copied().filter(|_| next(3) > 0).collect();
-                let gpus: Vec<(&str, u64)> = (0..next(3))
-                    .map(|_| {
-                        (["NVIDIA H100", "NVIDIA A100", "Tesla T4"][next(3) as usize], [16, 40, 80][next(3) as usize])
-                    })
-                    .collect();
-                let mut w = worker(
-                    &format!("w{i:02}"),
-                    &serves,
-                    [4, 8, 32][next(3) as usize] as u32,
-                    [8, 64, 256][next(3) as usize],
-                    &gpus,
-                );
-                w.cost_per_hour = 1.0 + next(5) as f64;
-                w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
-                w
-            })
-            .collect();
+        let fleet = random_fleet(&mut next, &types);
         let candidates: Vec<Candidate<'_>> = fleet
             .iter()
             .map(|w| Candidate {
@@ -241,12 +257,7 @@ fn the_fast_placement_picks_what_the_full_one_picks() {
         let avoid: BTreeSet<String> = fleet.iter().filter(|_| next(8) == 0).map(|w| w.id.clone()).collect();
         for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
             for t in types {
-                let hw = match next(3) {
-                    0 => json!({}),
-                    1 => json!({"cpu": 8, "memory": "32Gi"}),
-                    _ => json!({"gpu": {"count": 1 + next(2), "memory": "20GB"}}),
-                };
-                let request = request_for(t, &spec(hw), None).unwrap();
+                let request = random_request(&mut next, t);
                 let task = format!("wf-{round}-{t}");
                 let fast = index.place(&request, "s", &task, strategy, &avoid, 7_200_000);
                 let full = index.place_explained(&request, "s", &task, strategy, &avoid, 7_200_000);
@@ -258,4 +269,61 @@ fn the_fast_placement_picks_what_the_full_one_picks() {
             }
         }
     }
+}
+
+/// Alike waiting tasks reuse the first one's explanation (one walk for a backlog). What they get
+/// stays exactly what a fresh walk of the fleet says, while the round places other tasks.
+#[test]
+fn a_remembered_explanation_is_what_a_fresh_walk_says() {
+    use flowmesh_domain::fleet::uses_service_slot;
+    use flowmesh_domain::placement::FleetIndex;
+    let mut next = xorshift(0x9E3779B97F4A7C15);
+    let types = ["echo", "sft", "inference"];
+    let none = BTreeSet::new();
+    let (mut waited, mut remembered) = (0, 0);
+    for round in 0..150 {
+        let fleet = random_fleet(&mut next, &types);
+        let mut candidates: Vec<Candidate<'_>> = fleet
+            .iter()
+            .map(|w| Candidate {
+                snapshot: w,
+                batch_in_use: next(2) as u32,
+                service_in_use: 0,
+                cordoned: next(10) == 0,
+            })
+            .collect();
+        let mut index = FleetIndex::new(&candidates);
+        let mut seen = Vec::new();
+        for step in 0..40 {
+            let task_type = types[next(3) as usize];
+            let request = random_request(&mut next, task_type);
+            let (stage, task) = (format!("s{step}"), format!("wf-{round}-s{step}"));
+            let placed = index.place(&request, &stage, &task, Strategy::BestFit, &none, 7_200_000);
+            let fresh = FleetIndex::new(&candidates).place_explained(
+                &request,
+                &stage,
+                &task,
+                Strategy::BestFit,
+                &none,
+                7_200_000,
+            );
+            match (placed, fresh) {
+                (Placement::Chosen { worker_id, .. }, Placement::Chosen { .. }) => {
+                    let service = uses_service_slot(&request.task_type);
+                    index.occupy(&worker_id, service);
+                    let c = candidates.iter_mut().find(|c| c.snapshot.id == worker_id).unwrap();
+                    if service { c.service_in_use += 1 } else { c.batch_in_use += 1 }
+                }
+                (Placement::Pending(got), Placement::Pending(want)) => {
+                    assert_eq!(got, want, "round {round}, step {step}");
+                    waited += 1;
+                    remembered += usize::from(seen.contains(&request));
+                    seen.push(request);
+                }
+                (got, want) => panic!("round {round}, step {step}: {got:?} but a fresh walk says {want:?}"),
+            }
+        }
+    }
+    // The property is only worth something if the memory was used, many times.
+    assert!(remembered > 100 && waited > remembered, "{remembered} remembered of {waited} waits");
 }
