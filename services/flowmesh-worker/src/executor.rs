@@ -111,7 +111,7 @@ pub enum Executor {
     Echo,
     Python { interpreter: String },
     Plugin(Plugin),
-    Ssh(SshExecutor),
+    Ssh(Box<SshExecutor>),
 }
 
 impl Executor {

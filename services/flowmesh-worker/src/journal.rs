@@ -13,7 +13,7 @@ pub enum Entry {
     /// The work message arrived and the task started; no result yet.
     Accepted,
     /// The task ended; `event` is its terminal report, `reported` once the stream stored it.
-    Finished { event: Event, reported: bool },
+    Finished { event: Box<Event>, reported: bool },
 }
 
 #[derive(Clone)]
@@ -46,11 +46,11 @@ impl Journal {
     }
 
     pub fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Finished { event: event.clone(), reported: false })
+        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: false })
     }
 
     pub fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Finished { event: event.clone(), reported: true })
+        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: true })
     }
 
     /// Reports that were written but not yet stored by the stream.
@@ -60,7 +60,7 @@ impl Journal {
             .filter_map(Result::ok)
             .filter_map(|(_, v)| serde_json::from_slice::<Entry>(&v).ok())
             .filter_map(|e| match e {
-                Entry::Finished { event, reported: false } => Some(event),
+                Entry::Finished { event, reported: false } => Some(*event),
                 _ => None,
             })
             .collect()

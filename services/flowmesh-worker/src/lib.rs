@@ -77,7 +77,7 @@ pub async fn build_executors(config: &Config, probe: &hardware::Probe) -> anyhow
             .to_string(),
     };
     match ssh::SshExecutor::connect(ssh_settings).await {
-        Ok(executor) => executors.push(Executor::Ssh(executor)),
+        Ok(executor) => executors.push(Executor::Ssh(Box::new(executor))),
         Err(why) => info!(executor = "ssh", reason = %why, "not available"),
     }
     if let Some(path) = &config.executors_file {

@@ -59,7 +59,7 @@ enum Command {
         #[command(subcommand)]
         command: Option<WorkerCommand>,
         #[command(flatten)]
-        args: flowmesh_worker::WorkerArgs,
+        args: Box<flowmesh_worker::WorkerArgs>,
         /// Print the probed hardware as JSON and exit.
         #[arg(long)]
         collect_hw: bool,
