@@ -79,22 +79,33 @@ impl World {
     /// A nats-server running `streams/nats-server.conf` with the role passwords in
     /// [`ROLE_PASSWORDS`]; the world itself connects as `admin`.
     pub async fn start_secured() -> anyhow::Result<World> {
-        World::start_as(Some(())).await
+        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams/nats-server.conf");
+        World::start_as(Some((std::fs::read_to_string(config)?, &[]))).await
     }
 
-    async fn start_as(secured: Option<()>) -> anyhow::Result<World> {
+    /// As `start_secured`, with the server configuration `config` (text) and `env` added to the
+    /// server's environment (the passwords of the users it adds).
+    pub async fn start_secured_with(config: &str, env: &[(&str, &str)]) -> anyhow::Result<World> {
+        World::start_as(Some((config.to_owned(), env))).await
+    }
+
+    async fn start_as(secured: Option<(String, &[(&str, &str)])>) -> anyhow::Result<World> {
         let dir = tempfile::Builder::new().prefix("flowmesh-test-").tempdir()?;
-        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams/nats-server.conf");
-        let env: Vec<(&str, &str)> = ROLE_PASSWORDS.iter().map(|(_, var, pw)| (*var, *pw)).collect();
-        let server = match secured {
+        let server = match &secured {
             None => NatsServer::start(None, &dir.path().join("nats"), None).await?,
-            Some(()) => NatsServer::start_with(None, &dir.path().join("nats"), None, Some(&config), &env).await?,
+            Some((config, extra)) => {
+                let path = dir.path().join("nats-server.conf");
+                std::fs::write(&path, config)?;
+                let mut env: Vec<(&str, &str)> = ROLE_PASSWORDS.iter().map(|(_, var, pw)| (*var, *pw)).collect();
+                env.extend_from_slice(extra);
+                NatsServer::start_with(None, &dir.path().join("nats"), None, Some(&path), &env).await?
+            }
         };
         let options = NatsOptions {
             url: server.url(),
             name: "test".to_owned(),
-            user: secured.map(|_| "admin".to_owned()),
-            password: secured.map(|_| role_password("admin").to_owned()),
+            user: secured.as_ref().map(|_| "admin".to_owned()),
+            password: secured.as_ref().map(|_| role_password("admin").to_owned()),
             ..Default::default()
         };
         let client = connect(&options).await?;

@@ -82,3 +82,61 @@ async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
     world.shutdown().await;
     Ok(())
 }
+
+/// A worker with a user of its own (`flowmesh streams server-config --worker ID`, as an operator
+/// makes the file) runs its work, and cannot take, read or impersonate another worker's.
+#[tokio::test]
+async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
+    let out = tokio::process::Command::new(tests::flowmesh_bin())
+        .args(["streams", "server-config", "--worker", "own", "--worker", "other"])
+        .output()
+        .await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let config = String::from_utf8(out.stdout)?;
+    let mut world = World::start_secured_with(
+        &config,
+        &[("FLOWMESH_WORKER_OWN_PASSWORD", "own-secret"), ("FLOWMESH_WORKER_OTHER_PASSWORD", "other-secret")],
+    )
+    .await?;
+    let service = as_role("service");
+    world.process("validator", &["validator"], &service)?;
+    world.process("router", &["router"], &[service[0], service[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
+    world.worker_process("own", &[("NATS_USER", "worker-own"), ("NATS_PASSWORD", "own-secret")])?;
+
+    // Its whole path works under the narrowed user: heartbeat, its consumer, reports, results.
+    let workflow_id = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    let events = world.wait_workflow_end(&workflow_id).await?;
+    assert!(
+        events.iter().any(|e| tests::workflow_ended(e, &workflow_id) && e.body.kind() == "workflow.completed"),
+        "{:?}\nworker:\n{}",
+        tests::kinds(&events),
+        world.process_log("own")
+    );
+
+    // A refused request is never answered: a short timeout keeps each refusal short.
+    let own = async_nats::jetstream::ContextBuilder::new().timeout(Duration::from_secs(1)).build(
+        async_nats::ConnectOptions::with_user_and_password("worker-own".into(), "own-secret".into())
+            .connect(world.url())
+            .await?,
+    );
+    let work = own.get_stream("FLOWMESH_WORK").await?;
+    let take = |name: &str, filter: &str| {
+        work.create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some(name.to_owned()),
+            filter_subject: filter.to_owned(),
+            ..Default::default()
+        })
+    };
+    assert!(take("worker-other", "flowmesh.work.other").await.is_err(), "it takes another's work");
+    assert!(take("worker-own", "flowmesh.work.other").await.is_err(), "its consumer reads another's subject");
+    assert!(take("sneaky", "flowmesh.work.>").await.is_err(), "it reads every worker's work");
+    assert!(work.get_raw_message(1).await.is_err(), "it reads a work order from the stream");
+    let workers = own.get_key_value("flowmesh_workers").await?;
+    assert!(workers.put("other", "{}".into()).await.is_err(), "it writes another's snapshot");
+    assert!(workers.get("own").await?.is_some(), "it reads the fleet");
+    // The same refusals are not a broken server: its own key can be written.
+    let snapshot = workers.get("own").await?.expect("the worker's snapshot");
+    assert!(workers.put("own", snapshot).await.is_ok());
+    world.shutdown().await;
+    Ok(())
+}

@@ -266,6 +266,13 @@ enum StreamsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print streams/nats-server.conf with a user of its own for each worker (`worker-ID`, its
+    /// password in FLOWMESH_WORKER_ID_PASSWORD), allowed only that worker's work and keys.
+    ServerConfig {
+        /// A worker id; repeat for each worker.
+        #[arg(long = "worker")]
+        workers: Vec<String>,
+    },
 }
 
 #[tokio::main]
@@ -388,6 +395,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
+        }
+        Command::Streams { command: StreamsCommand::ServerConfig { workers } } => {
+            let config = flowmesh_nats::auth::server_config(&workers).map_err(|e| anyhow::anyhow!(e))?;
+            print!("{config}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Streams { command: StreamsCommand::Apply } => {
             cli.nats.handles("flowmesh-cli").await?;

@@ -1,0 +1,197 @@
+//! Per-worker users for `streams/nats-server.conf`. The shared `worker` user may take any
+//! worker's work; a user made here may reach only its own work subject and consumer, its own
+//! snapshot key and its own control and status subjects. Its permissions are the file's WORKER
+//! role narrowed to one id, so the role stays written once.
+
+use crate::subjects;
+
+/// The server configuration with the roles, as shipped in `streams/`.
+pub const SERVER_CONFIG: &str = include_str!("../../../streams/nats-server.conf");
+
+/// The line inside `users = [ … ]` where per-worker users are inserted.
+const USERS_MARKER: &str = "    # per-worker users go here";
+
+/// The NATS user of one worker.
+pub fn worker_user(worker_id: &str) -> String {
+    format!("worker-{worker_id}")
+}
+
+/// The environment variable of the nats-server process that holds that user's password.
+pub fn password_variable(worker_id: &str) -> String {
+    let id: String =
+        worker_id.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("FLOWMESH_WORKER_{id}_PASSWORD")
+}
+
+/// `SERVER_CONFIG` with one user per worker id.
+pub fn server_config(worker_ids: &[String]) -> Result<String, String> {
+    let mut variables: Vec<String> = Vec::new();
+    for id in worker_ids {
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("worker id {id:?}: use letters, digits, '-' and '_' only (it is a subject token)"));
+        }
+        let variable = password_variable(id);
+        if variables.contains(&variable) {
+            return Err(format!("worker id {id:?}: another id already uses the password variable {variable}"));
+        }
+        variables.push(variable);
+    }
+    let role = worker_role()?;
+    let mut blocks = String::new();
+    let mut users = String::new();
+    for (id, variable) in worker_ids.iter().zip(&variables) {
+        let name = format!("WORKER_{}", &variable["FLOWMESH_WORKER_".len()..variable.len() - "_PASSWORD".len()]);
+        blocks +=
+            &format!("  # {} (flowmesh streams server-config)\n  {name} = {}\n\n", worker_user(id), narrow(&role, id)?);
+        users += &format!("    {{ user: {:?}, password: ${variable}, permissions: ${name} }}\n", worker_user(id));
+    }
+    let users_at = SERVER_CONFIG.find("  users = [").ok_or("streams/nats-server.conf has no users list")?;
+    let marker_at = SERVER_CONFIG.find(USERS_MARKER).ok_or("streams/nats-server.conf has no per-worker marker")?;
+    Ok(format!(
+        "{}{blocks}{}{users}{}",
+        &SERVER_CONFIG[..users_at],
+        &SERVER_CONFIG[users_at..marker_at],
+        &SERVER_CONFIG[marker_at..]
+    ))
+}
+
+/// The text of the WORKER role's block, from `{` to its closing `}`.
+fn worker_role() -> Result<String, String> {
+    let start = SERVER_CONFIG.find("  WORKER = {").ok_or("streams/nats-server.conf has no WORKER role")?;
+    let body = &SERVER_CONFIG[start + "  WORKER = ".len()..];
+    let end = body.find("\n  }\n").ok_or("the WORKER role does not end with '  }'")?;
+    Ok(body[..end + "\n  }".len()].to_owned())
+}
+
+/// The WORKER role with every subject that reaches any worker's work or keys replaced by those
+/// of `id` (reads of other streams and buckets stay as in the role). Each replaced subject must
+/// be in the role exactly once: a role that changed shape is an error, never a wider permission.
+fn narrow(role: &str, id: &str) -> Result<String, String> {
+    let consumer = subjects::work_consumer(id);
+    let (work, workers) = (subjects::WORK_STREAM, subjects::WORKERS_BUCKET);
+    // Messages may be read from the buckets, the artifacts and the log; not from FLOWMESH_WORK,
+    // which holds every worker's orders.
+    let readable = [
+        format!("KV_{workers}"),
+        format!("KV_{}", subjects::CONTROL_BUCKET),
+        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
+        subjects::EVENTS_STREAM.to_owned(),
+    ];
+    let replacements: Vec<(String, Vec<String>)> = vec![
+        (format!("$KV.{workers}.>"), vec![format!("$KV.{workers}.{id}")]),
+        (
+            format!("$JS.API.CONSUMER.CREATE.{work}.>"),
+            vec![format!("$JS.API.CONSUMER.CREATE.{work}.{consumer}.{}", subjects::work(id))],
+        ),
+        // The legacy create names no filter: it would let the worker choose another's subject.
+        (format!("$JS.API.CONSUMER.DURABLE.CREATE.{work}.>"), vec![]),
+        (format!("$JS.API.CONSUMER.MSG.NEXT.{work}.>"), vec![format!("$JS.API.CONSUMER.MSG.NEXT.{work}.{consumer}")]),
+        (format!("$JS.ACK.{work}.>"), vec![format!("$JS.ACK.{work}.{consumer}.>")]),
+        (
+            "$JS.API.STREAM.MSG.GET.>".to_owned(),
+            readable.iter().map(|s| format!("$JS.API.STREAM.MSG.GET.{s}")).collect(),
+        ),
+        (
+            "$JS.API.DIRECT.GET.>".to_owned(),
+            readable
+                .iter()
+                .flat_map(|s| [format!("$JS.API.DIRECT.GET.{s}"), format!("$JS.API.DIRECT.GET.{s}.>")])
+                .collect(),
+        ),
+        (subjects::cancel("*"), vec![subjects::cancel(id)]),
+        (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
+    ];
+    let mut narrowed = role.to_owned();
+    for (wide, narrow) in replacements {
+        let quoted = format!("\"{wide}\"");
+        let count = narrowed.matches(quoted.as_str()).count();
+        if count != 1 {
+            return Err(format!("the WORKER role has {quoted} {count} times (expected once); cannot narrow it"));
+        }
+        let narrow: Vec<String> = narrow.iter().map(|s| format!("\"{s}\"")).collect();
+        narrowed = match narrowed.lines().find(|line| line.trim() == quoted) {
+            // A subject on a line of its own: one line per narrowed subject, same indent.
+            Some(line) => {
+                let indent = &line[..line.len() - line.trim_start().len()];
+                let lines: Vec<String> = narrow.iter().map(|s| format!("{indent}{s}")).collect();
+                let (before, after) = narrowed.split_once(&format!("{line}\n")).expect("the line is in the role");
+                format!("{before}{}{after}", lines.iter().map(|l| format!("{l}\n")).collect::<String>())
+            }
+            // Inside a one-line list (`subscribe = { allow = [ … ] }`).
+            None => narrowed.replace(&quoted, &narrow.join(", ")),
+        };
+    }
+    Ok(narrowed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn each_worker_gets_the_role_narrowed_to_its_id() {
+        let config = server_config(&ids(&["gpu-1", "cpu_2"])).unwrap();
+        assert!(
+            config.contains(
+                r#"{ user: "worker-gpu-1", password: $FLOWMESH_WORKER_GPU_1_PASSWORD, permissions: $WORKER_GPU_1 }"#
+            ),
+            "{config}"
+        );
+        assert!(config.contains(
+            r#"{ user: "worker-cpu_2", password: $FLOWMESH_WORKER_CPU_2_PASSWORD, permissions: $WORKER_CPU_2 }"#
+        ));
+        let block = &config[config.find("WORKER_GPU_1 = {").unwrap()..];
+        let block = &block[..block.find("\n  }").unwrap()];
+        for narrow in [
+            "\"$KV.flowmesh_workers.gpu-1\"",
+            "\"$JS.API.CONSUMER.CREATE.FLOWMESH_WORK.worker-gpu-1.flowmesh.work.gpu-1\"",
+            "\"$JS.API.CONSUMER.MSG.NEXT.FLOWMESH_WORK.worker-gpu-1\"",
+            "\"$JS.ACK.FLOWMESH_WORK.worker-gpu-1.>\"",
+            "\"flowmesh.control.gpu-1.cancel\"",
+            "\"flowmesh.worker.gpu-1.status\"",
+            // What names no worker stays as in the role.
+            "\"flowmesh.events.*.*.task.completed\"",
+            "\"$JS.API.CONSUMER.MSG.NEXT.FLOWMESH_EVENTS.>\"",
+        ] {
+            assert!(block.contains(narrow), "{narrow} missing from\n{block}");
+        }
+        for wide in [
+            "\"$KV.flowmesh_workers.>\"",
+            "FLOWMESH_WORK.>",
+            "DURABLE.CREATE",
+            "MSG.GET.>",
+            "\"$JS.API.DIRECT.GET.>\"",
+            "control.*",
+            "worker.*",
+            "cpu_2",
+        ] {
+            assert!(!block.contains(wide), "{wide} left in\n{block}");
+        }
+        assert!(block.contains("\"$JS.API.STREAM.MSG.GET.OBJ_flowmesh_artifacts\""), "{block}");
+        assert!(!block.contains("MSG.GET.FLOWMESH_WORK"), "{block}");
+        // The shared roles are still there, unchanged.
+        assert!(
+            config.contains("  WORKER = {") && config.contains("{ user: worker, password: $FLOWMESH_WORKER_PASSWORD")
+        );
+        assert_eq!(server_config(&[]).unwrap(), SERVER_CONFIG);
+    }
+
+    #[test]
+    fn ids_that_are_not_one_subject_token_are_refused() {
+        for (bad, says) in [
+            ("gpu.1", "letters, digits"),
+            ("gpu*", "letters, digits"),
+            ("", "letters, digits"),
+            ("gpu 1", "letters, digits"),
+        ] {
+            let error = server_config(&ids(&[bad])).unwrap_err();
+            assert!(error.contains(says), "{bad:?}: {error}");
+        }
+        let clash = server_config(&ids(&["gpu-1", "gpu_1"])).unwrap_err();
+        assert!(clash.contains("FLOWMESH_WORKER_GPU_1_PASSWORD"), "{clash}");
+    }
+}
