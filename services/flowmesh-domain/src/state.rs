@@ -178,7 +178,7 @@ impl State {
                 t.worker_id = Some(e.worker_id.clone());
                 Applied::Changed
             }),
-            EventBody::TaskStarted(e) => self.update_task(&e.task, |t| {
+            EventBody::TaskStarted(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 if t.status != TaskStatus::Dispatched {
                     return Applied::Ignored("task was not dispatched");
                 }
@@ -186,11 +186,11 @@ impl State {
                 t.worker_id = Some(e.worker_id.clone());
                 Applied::Changed
             }),
-            EventBody::TaskUpdated(e) => self.update_task(&e.task, |t| {
+            EventBody::TaskUpdated(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 t.updates += 1;
                 Applied::Changed
             }),
-            EventBody::TaskCompleted(e) => self.update_task(&e.task, |t| {
+            EventBody::TaskCompleted(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 t.status = TaskStatus::Completed;
                 t.worker_id = Some(e.worker_id.clone());
                 t.result = e.result.clone();
@@ -198,7 +198,7 @@ impl State {
                 t.artifacts = e.artifacts.clone();
                 Applied::Changed
             }),
-            EventBody::TaskFailed(e) => self.update_task(&e.task, |t| {
+            EventBody::TaskFailed(e) => self.update_report(&e.task, e.worker_id.as_deref(), |t| {
                 let retry = e.retryable && t.attempt < t.def.max_attempts && !t.cancel_requested;
                 t.status = if retry { TaskStatus::Retrying } else { TaskStatus::Failed };
                 if let Some(worker) = &e.worker_id {
@@ -247,7 +247,7 @@ impl State {
                 }
                 Applied::Changed
             }
-            EventBody::TaskCancelled(e) => self.update_task(&e.task, |t| {
+            EventBody::TaskCancelled(e) => self.update_report(&e.task, e.worker_id.as_deref(), |t| {
                 t.status = TaskStatus::Cancelled;
                 t.reason = Some(e.reason.clone());
                 Applied::Changed
@@ -332,6 +332,22 @@ impl State {
             return Applied::Ignored("event for a superseded attempt");
         }
         change(t)
+    }
+
+    /// `update_task` for an event that may name a worker: one that names a worker is a report
+    /// about running work, and counts only from the worker the task's attempt was dispatched to.
+    fn update_report(
+        &mut self,
+        task: &TaskRef,
+        worker: Option<&str>,
+        change: impl FnOnce(&mut TaskState) -> Applied,
+    ) -> Applied {
+        self.update_task(task, |t| match worker {
+            Some(w) if t.worker_id.as_deref() != Some(w) => {
+                Applied::Ignored("report from a worker that does not hold the task")
+            }
+            _ => change(t),
+        })
     }
 
     fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus) -> Applied {

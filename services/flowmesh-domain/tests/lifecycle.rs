@@ -230,6 +230,37 @@ fn a_lost_worker_s_task_is_requeued_and_its_late_report_ignored() {
     assert_eq!(s.state.task("wf-1-up").unwrap().result, Some(json!({"ok": true, "count": 0, "items": []})));
 }
 
+/// A report counts only from the worker the attempt was dispatched to: another worker (a second
+/// process started with a copied config, a worker confused after a restore) cannot start, update,
+/// end or fail it; a report before any dispatch counts from nobody.
+#[test]
+fn only_the_worker_holding_a_task_reports_on_it() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"]), worker("w2", &["echo"])]);
+    let down = s.tref("down", 1);
+    let early = s.apply(EventBody::TaskCompleted(TaskCompleted {
+        task: down,
+        worker_id: "w1".into(),
+        result: None,
+        result_object: String::new(),
+        artifacts: Vec::new(),
+    }));
+    assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
+    let sent = s.route();
+    let (holder, other) = (sent[0].0.clone(), if sent[0].0 == "w1" { "w2" } else { "w1" });
+    let not_held = Applied::Ignored("report from a worker that does not hold the task");
+    assert_eq!(
+        s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("up", 1), worker_id: other.into() })),
+        not_held
+    );
+    assert_eq!(s.status("up"), TaskStatus::Dispatched);
+    assert_eq!(s.complete(other, "up", 1, json!({"forged": true})), not_held);
+    assert_eq!(s.fail(other, "up", 1, false), not_held);
+    assert_eq!(s.status("up"), TaskStatus::Dispatched);
+    // The holder's reports count.
+    assert_eq!(s.complete(&holder, "up", 1, json!({"ok": true, "count": 1, "items": []})), Applied::Changed);
+    assert_eq!(s.state.task("wf-1-up").unwrap().result, Some(json!({"ok": true, "count": 1, "items": []})));
+}
+
 #[test]
 fn no_capable_worker_fails_after_the_grace_period_but_busy_workers_are_waited_for() {
     let doc = "apiVersion: flowmesh/v1\nkind: PPO\nmetadata: {name: p}\nspec: {taskType: ppo}\n";
