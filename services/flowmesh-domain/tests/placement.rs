@@ -227,6 +227,23 @@ fn random_request(next: &mut impl FnMut(u64) -> u64, task_type: &str) -> flowmes
     request_for(task_type, &spec(hw), None).unwrap()
 }
 
+/// The fleet with random slot use (below `in_use_below`) and one worker in ten cordoned.
+fn random_candidates<'a>(
+    fleet: &'a [WorkerSnapshot],
+    next: &mut impl FnMut(u64) -> u64,
+    in_use_below: u64,
+) -> Vec<Candidate<'a>> {
+    fleet
+        .iter()
+        .map(|w| Candidate {
+            snapshot: w,
+            batch_in_use: next(in_use_below) as u32,
+            service_in_use: 0,
+            cordoned: next(10) == 0,
+        })
+        .collect()
+}
+
 fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
     move |n: u64| {
         seed ^= seed << 13;
@@ -244,15 +261,7 @@ fn the_fast_placement_picks_what_the_full_one_picks() {
     let types = ["echo", "sft", "inference", "ssh"];
     for round in 0..200 {
         let fleet = random_fleet(&mut next, &types);
-        let candidates: Vec<Candidate<'_>> = fleet
-            .iter()
-            .map(|w| Candidate {
-                snapshot: w,
-                batch_in_use: next(3) as u32,
-                service_in_use: 0,
-                cordoned: next(10) == 0,
-            })
-            .collect();
+        let candidates = random_candidates(&fleet, &mut next, 3);
         let index = FleetIndex::new(&candidates);
         let avoid: BTreeSet<String> = fleet.iter().filter(|_| next(8) == 0).map(|w| w.id.clone()).collect();
         for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
@@ -283,15 +292,7 @@ fn a_remembered_explanation_is_what_a_fresh_walk_says() {
     let (mut waited, mut remembered) = (0, 0);
     for round in 0..150 {
         let fleet = random_fleet(&mut next, &types);
-        let mut candidates: Vec<Candidate<'_>> = fleet
-            .iter()
-            .map(|w| Candidate {
-                snapshot: w,
-                batch_in_use: next(2) as u32,
-                service_in_use: 0,
-                cordoned: next(10) == 0,
-            })
-            .collect();
+        let mut candidates = random_candidates(&fleet, &mut next, 2);
         let mut index = FleetIndex::new(&candidates);
         let mut seen = Vec::new();
         for step in 0..40 {
