@@ -2,6 +2,7 @@
 
 mod bench;
 mod binaries;
+mod chaos;
 mod cli;
 mod dev;
 mod observability;

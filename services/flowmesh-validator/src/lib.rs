@@ -31,7 +31,9 @@ impl Default for Config {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         Config {
             consumer: subjects::VALIDATORS_CONSUMER.to_owned(),
-            ack_wait: Duration::from_secs(30),
+            // Short, so that what a killed validator had pulled goes to another one soon; a long
+            // validation keeps its message with progress acks instead (`handle`).
+            ack_wait: Duration::from_secs(5),
             instance: format!("{}-{}", host.trim(), std::process::id()),
             batch: 16,
         }
@@ -75,7 +77,7 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     let mut messages = consumer.stream().max_messages_per_batch(config.batch).messages().await?;
     info!(consumer = %config.consumer, "validator ready");
     while let Some(message) = flowmesh_nats::consume::next(&mut messages, &mut shutdown).await {
-        handle(&handles.js, message, &config.instance).await;
+        handle(&handles.js, message, &config.instance, config.ack_wait).await;
         verdicts += 1;
         status
             .set(serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }));
@@ -84,8 +86,19 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     Ok(())
 }
 
-async fn handle(js: &jetstream::Context, message: jetstream::Message, instance: &str) {
-    match publish_verdict(js, &message, instance).await {
+async fn handle(js: &jetstream::Context, message: jetstream::Message, instance: &str, ack_wait: Duration) {
+    let verdict = publish_verdict(js, &message, instance);
+    tokio::pin!(verdict);
+    // Tell the server the message is being worked on, so a slow validation is not redelivered.
+    let every = ack_wait / 2;
+    let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut verdict => break outcome,
+            _ = progress.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
+        }
+    };
+    match outcome {
         Ok(event) => {
             info!(workflow_id = %event.body.scope().0, verdict = event.body.kind(), "verdict stored");
             if let Err(e) = message.double_ack().await {
