@@ -222,3 +222,42 @@ async fn a_draining_worker_hands_back_what_outlives_its_grace_and_another_worker
     world.shutdown().await;
     Ok(())
 }
+
+/// The worker's durable consumer follows its settings: restarted with more slots and another ack
+/// wait, it may hold that many tasks at once (the old limit would cap it silently).
+#[tokio::test]
+async fn a_worker_restarted_with_other_slots_gets_them() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    // Polls the consumer `worker-w1` until its (max_ack_pending, ack_wait) are `want`.
+    let wait_limits = async |world: &World, want: (i64, u64), log: &str| -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+        let stream = world.handles.js.get_stream("FLOWMESH_WORK").await?;
+        loop {
+            let found = match stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>("worker-w1").await {
+                Ok(mut consumer) => {
+                    let config = &consumer.info().await?.config;
+                    Some((config.max_ack_pending, config.ack_wait.as_secs()))
+                }
+                Err(_) => None,
+            };
+            if found == Some(want) {
+                return Ok(());
+            }
+            anyhow::ensure!(tokio::time::Instant::now() < deadline, "consumer limits {found:?}, want {want:?}\n{log}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    world.worker_process("w1", &[("WORKER_BATCH_SLOTS", "1"), ("WORKER_ACK_WAIT_SEC", "30")])?;
+    // 1 batch slot + 1 service slot.
+    wait_limits(&world, (2, 30), "first start").await?;
+    world.terminate("w1")?;
+    assert!(world.wait_exit("w1").await?.success(), "{}", world.process_log("w1"));
+
+    world.worker_process(
+        "w1-again",
+        &[("WORKER_ID", "w1"), ("WORKER_BATCH_SLOTS", "6"), ("WORKER_ACK_WAIT_SEC", "90")],
+    )?;
+    wait_limits(&world, (7, 90), "second start").await?;
+    world.shutdown().await;
+    Ok(())
+}

@@ -40,23 +40,21 @@ impl Default for Config {
     }
 }
 
-/// The shared durable consumer, created on first use.
+/// The shared durable consumer, created on first use and brought to this configuration on every
+/// start (an older deployment's ack wait is updated, not kept).
 pub async fn consumer(
     js: &jetstream::Context,
     config: &Config,
 ) -> anyhow::Result<jetstream::consumer::Consumer<pull::Config>> {
     let stream = js.get_stream(subjects::SUBMISSIONS_STREAM).await?;
     Ok(stream
-        .get_or_create_consumer(
-            &config.consumer,
-            pull::Config {
-                durable_name: Some(config.consumer.clone()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: config.ack_wait,
-                max_ack_pending: 256,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(config.consumer.clone()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: config.ack_wait,
+            max_ack_pending: 256,
+            ..Default::default()
+        })
         .await?)
 }
 

@@ -292,18 +292,16 @@ pub async fn run(
 
     let stream = handles.js.get_stream(subjects::WORK_STREAM).await?;
     let slots = (shared.config.batch_slots + shared.config.service_slots).max(1) as usize;
+    // Create or update: a worker restarted with more slots or another ack wait gets them.
     let consumer = stream
-        .get_or_create_consumer(
-            &subjects::work_consumer(&id),
-            pull::Config {
-                durable_name: Some(subjects::work_consumer(&id)),
-                filter_subject: subjects::work(&id),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: shared.config.ack_wait,
-                max_ack_pending: slots as i64,
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(subjects::work_consumer(&id)),
+            filter_subject: subjects::work(&id),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: shared.config.ack_wait,
+            max_ack_pending: slots as i64,
+            ..Default::default()
+        })
         .await?;
     let mut messages = consumer.messages().await?;
     let permits = Arc::new(tokio::sync::Semaphore::new(slots));
