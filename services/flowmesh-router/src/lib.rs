@@ -72,6 +72,8 @@ impl RouterArgs {
 /// A worker as the router sees it: its snapshot and when that was written.
 struct Seen {
     snapshot: WorkerSnapshot,
+    /// When the router received it, on the router's own clock: liveness never compares the
+    /// router's clock with another host's, so clock drift cannot make a live worker look lost.
     updated_ms: u64,
     /// The bucket revision it came from: an older value (the watch replaying history) never
     /// replaces a newer one.
@@ -134,8 +136,13 @@ pub async fn run(
         leader: false,
         resent_after_takeover: false,
     };
-    for entry in current {
-        router.observe(entry);
+    // Snapshots already in the bucket were received before this router ran: their age comes from
+    // the server's timestamps, measured against the freshest of them (all on the server's clock).
+    let created: Vec<u64> = current.iter().map(created_ms).collect();
+    let freshest = created.iter().copied().max().unwrap_or(0);
+    let now = clock::now_ms();
+    for (entry, created) in current.into_iter().zip(created) {
+        router.observe(entry, received_before_start(created, freshest, now));
     }
     info!(instance = %router.config.instance, from = router.state.last_seq, replay_to = last, workers = router.fleet.len(), "router starting");
     let mut last_checkpoint = tokio::time::Instant::now();
@@ -159,7 +166,7 @@ pub async fn run(
                 None => anyhow::bail!("the event stream consumer ended"),
             },
             next = watch.next() => match next {
-                Some(Ok(entry)) => router.observe(entry),
+                Some(Ok(entry)) => router.observe(entry, clock::now_ms()),
                 Some(Err(e)) => { warn!(error = %e, "fleet watch interrupted"); continue; }
                 None => anyhow::bail!("the fleet watch ended"),
             },
@@ -190,6 +197,19 @@ pub async fn run(
     Ok(())
 }
 
+/// A bucket entry's server timestamp, in unix ms.
+fn created_ms(entry: &kv::Entry) -> u64 {
+    u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+/// When, on the router's clock, to consider a snapshot found at start-up received: as much before
+/// `now_ms` as it is older than the freshest snapshot found (`freshest_ms`, server clock). A fleet
+/// that heartbeats keeps its freshest within an interval of the server's now; a fleet that all died
+/// before the router started is judged lost one TTL later than it would be on synchronised clocks.
+fn received_before_start(created_ms: u64, freshest_ms: u64, now_ms: u64) -> u64 {
+    now_ms.saturating_sub(freshest_ms.saturating_sub(created_ms))
+}
+
 impl Router {
     fn fold(&mut self, message: &jetstream::Message) {
         if let Ok(info) = message.info() {
@@ -205,8 +225,9 @@ impl Router {
         }
     }
 
-    fn observe(&mut self, entry: kv::Entry) {
-        let updated_ms = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
+    /// Takes in a bucket entry the router received at `received_ms` (its own clock).
+    fn observe(&mut self, entry: kv::Entry, received_ms: u64) {
+        let updated_ms = received_ms;
         if self.fleet.get(&entry.key).is_some_and(|seen| seen.revision >= entry.revision) {
             return;
         }
@@ -407,5 +428,24 @@ impl Router {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::received_before_start;
+
+    /// Ages are taken between server timestamps, so any offset of the router's clock cancels out.
+    #[test]
+    fn snapshot_ages_at_start_do_not_depend_on_the_router_clock() {
+        let server = [1_000_000u64, 1_000_000 - 5_000, 1_000_000 - 300_000];
+        let freshest = 1_000_000;
+        for router_now in [1_000_000u64, 1_000_000 + 3_600_000, 1_000_000 - 600_000] {
+            let ages: Vec<u64> =
+                server.iter().map(|&c| router_now - received_before_start(c, freshest, router_now)).collect();
+            assert_eq!(ages, vec![0, 5_000, 300_000], "router clock at {router_now}");
+        }
+        // A clock at zero (or an entry older than the epoch of the router's clock) never underflows.
+        assert_eq!(received_before_start(0, 10_000, 5_000), 0);
     }
 }
