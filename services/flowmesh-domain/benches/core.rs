@@ -246,7 +246,9 @@ fn main() {
         let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY };
         // The first round explains every task (`task.pending`); folded in, later rounds are the
         // steady state of a backlog: every task re-examined, nothing to publish.
-        let first = schedule::decide(&state, &workers, 2_000_000, &config);
+        // What the router keeps between rounds: the waiting tasks' requests.
+        let mut requests = schedule::Requests::default();
+        let first = schedule::decide_with(&state, &workers, 2_000_000, &config, &mut requests);
         assert_eq!(first.len(), waiting, "every task waits");
         for (k, action) in first.into_iter().enumerate() {
             let Action::Publish(body) = action else { panic!("nothing can be dispatched") };
@@ -254,7 +256,7 @@ fn main() {
         }
         let round_budget = Duration::from_secs(3);
         let rounds = rate(round_budget, || {
-            assert!(schedule::decide(black_box(&state), &workers, 2_000_000, &config).is_empty());
+            assert!(schedule::decide_with(black_box(&state), &workers, 2_000_000, &config, &mut requests).is_empty());
             1
         });
         let candidates: Vec<Candidate<'_>> = workers

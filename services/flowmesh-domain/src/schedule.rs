@@ -9,13 +9,13 @@ use crate::event::{
     WorkflowEnded,
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
-use crate::placement::{self, Candidate, FleetIndex, Placement, Strategy};
+use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
 use crate::state::{State, TaskState, TaskStatus, WorkflowState, WorkflowUpstream};
 use crate::template::{self, lookup};
 use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
 use crate::workflow::condition_text;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
@@ -48,8 +48,40 @@ fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
     }
 }
 
+/// What a router carries from one round to the next: the placement request of each waiting task
+/// attempt whose upstream stages have ended. Its resolved spec can no longer change, so later
+/// rounds neither resolve nor re-check it. Entries of tasks that stopped waiting are dropped at
+/// the end of each round, so it holds no more than the backlog.
+#[derive(Debug, Default)]
+pub struct Requests {
+    known: HashMap<(String, u32), Request>,
+    used: HashSet<(String, u32)>,
+}
+
+impl Requests {
+    pub fn len(&self) -> usize {
+        self.known.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+}
+
 /// Decides the next actions. `fleet` holds the live workers only; `now_ms` is unix ms.
 pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Config) -> Vec<Action> {
+    decide_with(state, fleet, now_ms, config, &mut Requests::default())
+}
+
+/// `decide`, remembering waiting tasks' requests in `requests` across rounds (what a router does).
+pub fn decide_with(
+    state: &State,
+    fleet: &[WorkerSnapshot],
+    now_ms: u64,
+    config: &Config,
+    requests: &mut Requests,
+) -> Vec<Action> {
+    requests.used.clear();
     let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
     // Only a running workflow can have a task on a worker: it ends when all its tasks have.
     for wf in state.running_workflows() {
@@ -78,8 +110,11 @@ pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Con
     let mut actions = Vec::new();
     // Oldest submission first, so a busy fleet serves workflows in the order they came.
     for wf in state.running_workflows() {
-        decide_workflow(wf, &live, &mut index, now_ms, config, &mut actions);
+        decide_workflow(wf, &live, &mut index, now_ms, config, requests, &mut actions);
     }
+    let used = std::mem::take(&mut requests.used);
+    requests.known.retain(|key, _| used.contains(key));
+    requests.used = used;
     actions
 }
 
@@ -90,6 +125,7 @@ fn decide_workflow(
     index: &mut FleetIndex<'_>,
     now_ms: u64,
     config: &Config,
+    requests: &mut Requests,
     actions: &mut Vec<Action>,
 ) {
     let ends_before = actions.len();
@@ -133,7 +169,7 @@ fn decide_workflow(
                 actions.push(Action::Publish(body));
             }
             TaskStatus::Waiting | TaskStatus::Pending => {
-                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config) {
+                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config, requests) {
                     if let Action::Dispatch { event, .. } = &action {
                         index.occupy(&event.worker_id, uses_service_slot(&t.def.task_type));
                     }
@@ -171,6 +207,7 @@ fn decide_waiting(
     index: &FleetIndex<'_>,
     now_ms: u64,
     config: &Config,
+    requests: &mut Requests,
 ) -> Option<Action> {
     let fail = |tref: TaskRef, reason: &str, message: String| {
         Some(Action::Publish(EventBody::TaskFailed(TaskFailed {
@@ -228,21 +265,35 @@ fn decide_waiting(
             })));
         }
     }
-    let spec = match resolve_spec(wf, t) {
-        Ok(spec) => spec,
-        Err(message) => return fail(tref, "spec_resolution_failed", message),
-    };
-    let problems = validate_dispatchable(&spec, &t.def.spec_path);
-    if !problems.is_empty() {
-        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-        return fail(tref, "spec_validation_failed", text.join("; "));
+    let key = (t.def.task_id.clone(), t.attempt);
+    requests.used.insert(key.clone());
+    // The spec resolved this round, if it had to be (a task seen waiting before has its request).
+    let mut resolved = None;
+    if !requests.known.contains_key(&key) {
+        let spec = match resolve_spec(wf, t) {
+            Ok(spec) => spec,
+            Err(message) => return fail(tref, "spec_resolution_failed", message),
+        };
+        let problems = validate_dispatchable(&spec, &t.def.spec_path);
+        if !problems.is_empty() {
+            let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            return fail(tref, "spec_validation_failed", text.join("; "));
+        }
+        let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
+            Ok(r) => r,
+            Err(message) => return fail(tref, "spec_validation_failed", message),
+        };
+        requests.known.insert(key.clone(), request);
+        resolved = Some(spec);
     }
-    let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
-        Ok(r) => r,
-        Err(message) => return fail(tref, "spec_validation_failed", message),
-    };
-    match index.place(&request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
+    let request = &requests.known[&key];
+    match index.place(request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
         Placement::Chosen { worker_id, score, explanation } => {
+            // Resolution is deterministic: what resolved in an earlier round resolves the same now.
+            let spec = match resolved.map_or_else(|| resolve_spec(wf, t), Ok) {
+                Ok(spec) => spec,
+                Err(message) => return fail(tref, "spec_resolution_failed", message),
+            };
             let order = work_order(wf, t, spec);
             let message = explanation.map(|e| e.message).unwrap_or_else(|| {
                 format!("{} placed on {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)

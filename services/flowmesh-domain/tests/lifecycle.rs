@@ -7,7 +7,7 @@ use flowmesh_domain::event::{
 mod common;
 
 use flowmesh_domain::fleet::WorkerSnapshot;
-use flowmesh_domain::schedule::{Action, Config, decide};
+use flowmesh_domain::schedule::{Action, Config, Requests, decide, decide_with};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
@@ -26,6 +26,8 @@ struct Scenario {
     now: u64,
     config: Config,
     log: Vec<Event>,
+    /// What a router keeps between rounds.
+    requests: Requests,
 }
 
 impl Scenario {
@@ -37,6 +39,7 @@ impl Scenario {
             now: 1_000,
             config: Config { no_worker_grace_ms: 60_000, ..Default::default() },
             log: Vec::new(),
+            requests: Requests::default(),
         };
         s.apply(EventBody::SubmissionAccepted(SubmissionAccepted {
             workflow_id: "wf-1".into(),
@@ -62,7 +65,14 @@ impl Scenario {
     /// Runs the router once; returns the work orders it sent (worker, stage, attempt, spec).
     fn route(&mut self) -> Vec<(String, String, u32, Value)> {
         let mut sent = Vec::new();
-        for action in decide(&self.state, &self.fleet, self.now, &self.config) {
+        // What the router remembers between rounds never changes a decision.
+        let actions = decide_with(&self.state, &self.fleet, self.now, &self.config, &mut self.requests);
+        assert_eq!(
+            actions,
+            decide(&self.state, &self.fleet, self.now, &self.config),
+            "remembered requests changed a decision"
+        );
+        for action in actions {
             match action {
                 Action::Publish(body) => {
                     self.apply(body);
@@ -208,6 +218,8 @@ fn a_retryable_failure_retries_elsewhere_up_to_max_attempts() {
     let third = s.route();
     s.fail(&third[0].0, "up", 3, true);
     assert_eq!(s.status("up"), TaskStatus::Failed, "three attempts by default");
+    s.route();
+    assert!(s.requests.is_empty(), "nothing waits, nothing is remembered: {:?}", s.requests);
 }
 
 #[test]

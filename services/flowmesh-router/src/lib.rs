@@ -93,6 +93,8 @@ struct Router {
     leader: bool,
     /// Work orders re-sent after taking the lease (a dispatch a crash may have cut short).
     resent_after_takeover: bool,
+    /// Waiting tasks' placement requests, kept between rounds (`schedule::decide_with`).
+    requests: schedule::Requests,
 }
 
 /// Runs until `shutdown` fires.
@@ -135,6 +137,7 @@ pub async fn run(
         target_seq: last,
         leader: false,
         resent_after_takeover: false,
+        requests: schedule::Requests::default(),
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
@@ -375,7 +378,7 @@ impl Router {
             self.resent_after_takeover = true;
         }
         let deciding = std::time::Instant::now();
-        let actions = schedule::decide(&self.state, &live, now, &self.config.schedule);
+        let actions = schedule::decide_with(&self.state, &live, now, &self.config.schedule, &mut self.requests);
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
         for action in actions {
             match action {
