@@ -15,6 +15,7 @@ use crate::template::{self, lookup};
 use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
 use crate::workflow::condition_text;
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,13 +75,15 @@ pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Con
 }
 
 /// `decide`, remembering waiting tasks' requests in `requests` across rounds (what a router does).
-pub fn decide_with(
+/// `fleet` may hold the snapshots or references to them (a router need not copy its fleet).
+pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     state: &State,
-    fleet: &[WorkerSnapshot],
+    fleet: &[W],
     now_ms: u64,
     config: &Config,
     requests: &mut Requests,
 ) -> Vec<Action> {
+    let fleet: Vec<&WorkerSnapshot> = fleet.iter().map(Borrow::borrow).collect();
     requests.used.clear();
     let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
     // Only a running workflow can have a task on a worker: it ends when all its tasks have.
@@ -92,10 +95,10 @@ pub fn decide_with(
             }
         }
     }
-    let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), w)).collect();
+    let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), *w)).collect();
     let candidates: Vec<Candidate<'_>> = fleet
         .iter()
-        .map(|w| {
+        .map(|&w| {
             let (batch, service) = usage.get(w.id.as_str()).copied().unwrap_or_default();
             Candidate {
                 snapshot: w,

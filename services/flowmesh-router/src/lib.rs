@@ -371,8 +371,8 @@ impl Router {
         for body in fleet_events {
             self.publish(body).await?;
         }
-        let live: Vec<WorkerSnapshot> =
-            self.fleet.values().filter(|s| Self::is_live(s, now)).map(|s| s.snapshot.clone()).collect();
+        let live: Vec<&WorkerSnapshot> =
+            self.fleet.values().filter(|s| Self::is_live(s, now)).map(|s| &s.snapshot).collect();
         if !self.resent_after_takeover {
             self.resend_dispatched().await?;
             self.resent_after_takeover = true;
