@@ -95,6 +95,8 @@ struct Router {
     resent_after_takeover: bool,
     /// Waiting tasks' placement requests, kept between rounds (`schedule::decide_with`).
     requests: schedule::Requests,
+    /// Another router's lease as this one last saw it (`lease::acquire`).
+    lease_seen: Option<lease::Seen>,
 }
 
 /// Runs until `shutdown` fires.
@@ -138,6 +140,7 @@ pub async fn run(
         leader: false,
         resent_after_takeover: false,
         requests: schedule::Requests::default(),
+        lease_seen: None,
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
@@ -291,7 +294,8 @@ impl Router {
 
     async fn renew_lease(&mut self) {
         let ttl_ms = self.config.lease_ttl.as_millis() as u64;
-        match lease::acquire(&self.handles.control, &self.config.instance, ttl_ms, clock::now_ms()).await {
+        let (control, me) = (&self.handles.control, &self.config.instance);
+        match lease::acquire(control, me, ttl_ms, clock::now_ms(), &mut self.lease_seen).await {
             Ok(true) if !self.leader => {
                 info!(instance = %self.config.instance, "took the router lease");
                 self.leader = true;
