@@ -11,7 +11,16 @@ compose() { docker-compose -p "$project" -f compose.yaml "$@"; }
 finish() {
   local status=$?
   # A failure in CI must be readable from CI's output alone: show what the services said.
-  if [ "$status" -ne 0 ]; then compose logs --no-color --tail 40 >&2 || true; fi
+  if [ "$status" -ne 0 ]; then
+    # Route-reconnect errors to the stopped node repeat every second; leave them out.
+    compose logs --no-color --tail 400 2>&1 | grep -v "Error trying to connect to route" | tail -150 >&2 || true
+    for port in 8222 8223 8224; do
+      echo "--- /jsz on 127.0.0.1:$port" >&2
+      python3 -c 'import json, sys, urllib.request
+j = json.load(urllib.request.urlopen("http://127.0.0.1:%s/jsz?streams=true" % sys.argv[1], timeout=3))
+print(json.dumps({"meta": j.get("meta_cluster"), "streams": [(s["name"], (s.get("cluster") or {}).get("leader")) for a in j.get("account_details") or [] for s in a.get("stream_detail") or []]}))' "$port" >&2 || true
+    done
+  fi
   compose down -v >/dev/null 2>&1 || true
   exit "$status"
 }
@@ -34,6 +43,25 @@ run examples/valid/ppo.yaml
 meta_leader() {
   python3 -c 'import json, urllib.request; print(json.load(urllib.request.urlopen("http://127.0.0.1:8222/jsz"))["meta_cluster"]["leader"])'
 }
+# A settled cluster loses a node: every server reports healthy and the meta leader sees both
+# followers current (a node lost while the cluster still forms is another test).
+settled() {
+  python3 - <<'PY'
+import json, sys, urllib.request
+ports = {"nats-1": 8222, "nats-2": 8223, "nats-3": 8224}
+def get(port, path):
+    return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3))
+try:
+    healthy = all(get(port, "/healthz").get("status") == "ok" for port in ports.values())
+    meta = get(ports[get(8222, "/jsz")["meta_cluster"]["leader"]], "/jsz")["meta_cluster"]
+    current = len(meta["replicas"]) == 2 and all(r["current"] for r in meta["replicas"])
+except Exception:
+    healthy = current = False
+sys.exit(0 if healthy and current else 1)
+PY
+}
+for _ in $(seq 120); do settled && break; sleep 0.5; done
+settled || { echo "compose-check: the cluster did not settle within 60 s" >&2; exit 1; }
 lost=$(meta_leader)
 case "$lost" in nats-1|nats-2|nats-3) ;; *) echo "compose-check: no meta leader reported ($lost)" >&2; exit 1 ;; esac
 echo "+ stopping $lost (the meta leader)"; compose kill "$lost" >/dev/null 2>&1
