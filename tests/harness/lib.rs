@@ -79,8 +79,7 @@ impl World {
     /// A nats-server running `streams/nats-server.conf` with the role passwords in
     /// [`ROLE_PASSWORDS`]; the world itself connects as `admin`.
     pub async fn start_secured() -> anyhow::Result<World> {
-        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../streams/nats-server.conf");
-        World::start_as(Some((std::fs::read_to_string(config)?, &[]))).await
+        World::start_secured_with(flowmesh_nats::auth::SERVER_CONFIG, &[]).await
     }
 
     /// As `start_secured`, with the server configuration `config` (text) and `env` added to the

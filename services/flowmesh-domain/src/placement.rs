@@ -528,12 +528,16 @@ impl<'a> FleetIndex<'a> {
         avoid: &BTreeSet<String>,
         now_ms: u64,
     ) -> Placement {
-        let key = RequestKey::of(request);
-        if let Some(known) = self.unplaceable.borrow().get(&key) {
+        // The key is built only once some request waits: placing on a fleet with room allocates nothing.
+        let unplaceable = self.unplaceable.borrow();
+        if !unplaceable.is_empty()
+            && let Some(known) = unplaceable.get(&RequestKey::of(request))
+        {
             let mut explanation = known.clone();
             explanation.message = sentence(&explanation, stage);
             return Placement::Pending(explanation);
         }
+        drop(unplaceable);
         let ranking = self.ranking(&request.task_type, strategy);
         let headroom = dynamic_headroom(strategy);
         let mut best: Option<Best> = None;
@@ -572,7 +576,7 @@ impl<'a> FleetIndex<'a> {
                 let placement = self.place_explained(request, stage, task_id, strategy, avoid, now_ms);
                 if let Placement::Pending(explanation) = &placement {
                     let known = Explanation { message: String::new(), ..explanation.clone() };
-                    self.unplaceable.borrow_mut().insert(key, known);
+                    self.unplaceable.borrow_mut().insert(RequestKey::of(request), known);
                 }
                 placement
             }

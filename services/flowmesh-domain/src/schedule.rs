@@ -60,10 +60,6 @@ pub struct Requests {
 }
 
 impl Requests {
-    pub fn len(&self) -> usize {
-        self.known.len()
-    }
-
     pub fn is_empty(&self) -> bool {
         self.known.is_empty()
     }

@@ -18,9 +18,12 @@ pub fn worker_user(worker_id: &str) -> String {
 
 /// The environment variable of the nats-server process that holds that user's password.
 pub fn password_variable(worker_id: &str) -> String {
-    let id: String =
-        worker_id.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
-    format!("FLOWMESH_WORKER_{id}_PASSWORD")
+    format!("FLOWMESH_WORKER_{}_PASSWORD", token(worker_id))
+}
+
+/// The id as it appears in variable and role names: upper case, `_` for anything else.
+fn token(worker_id: &str) -> String {
+    worker_id.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
 /// `SERVER_CONFIG` with one user per worker id.
@@ -40,7 +43,7 @@ pub fn server_config(worker_ids: &[String]) -> Result<String, String> {
     let mut blocks = String::new();
     let mut users = String::new();
     for (id, variable) in worker_ids.iter().zip(&variables) {
-        let name = format!("WORKER_{}", &variable["FLOWMESH_WORKER_".len()..variable.len() - "_PASSWORD".len()]);
+        let name = format!("WORKER_{}", token(id));
         blocks +=
             &format!("  # {} (flowmesh streams server-config)\n  {name} = {}\n\n", worker_user(id), narrow(&role, id)?);
         users += &format!("    {{ user: {:?}, password: ${variable}, permissions: ${name} }}\n", worker_user(id));

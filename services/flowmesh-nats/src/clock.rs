@@ -6,6 +6,11 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// A server timestamp (a KV entry's `created`, say) in unix ms; 0 before the epoch.
+pub fn unix_ms(t: time::OffsetDateTime) -> u64 {
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
 /// RFC 3339 in UTC with milliseconds, e.g. `2026-11-23T00:05:53.123Z`.
 pub fn now_rfc3339() -> String {
     rfc3339(now_ms())

@@ -144,7 +144,7 @@ pub async fn run(
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
-    let created: Vec<u64> = current.iter().map(created_ms).collect();
+    let created: Vec<u64> = current.iter().map(|e| clock::unix_ms(e.created)).collect();
     let freshest = created.iter().copied().max().unwrap_or(0);
     let now = clock::now_ms();
     for (entry, created) in current.into_iter().zip(created) {
@@ -203,11 +203,6 @@ pub async fn run(
     Ok(())
 }
 
-/// A bucket entry's server timestamp, in unix ms.
-fn created_ms(entry: &kv::Entry) -> u64 {
-    u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
-}
-
 /// When, on the router's clock, to consider a snapshot found at start-up received: as much before
 /// `now_ms` as it is older than the freshest snapshot found (`freshest_ms`, server clock). A fleet
 /// that heartbeats keeps its freshest within an interval of the server's now; a fleet that all died
@@ -231,9 +226,8 @@ impl Router {
         }
     }
 
-    /// Takes in a bucket entry the router received at `received_ms` (its own clock).
-    fn observe(&mut self, entry: kv::Entry, received_ms: u64) {
-        let updated_ms = received_ms;
+    /// Takes in a bucket entry the router received at `updated_ms` (its own clock).
+    fn observe(&mut self, entry: kv::Entry, updated_ms: u64) {
         if self.fleet.get(&entry.key).is_some_and(|seen| seen.revision >= entry.revision) {
             return;
         }

@@ -103,8 +103,7 @@ pub async fn workers(js: &jetstream::Context) -> anyhow::Result<Vec<(WorkerSnaps
         if let Some(entry) = store.entry(&key).await?
             && let Ok(snapshot) = serde_json::from_slice::<WorkerSnapshot>(&entry.value)
         {
-            let at = u64::try_from(entry.created.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
-            out.push((snapshot, now.saturating_sub(at) / 1000));
+            out.push((snapshot, now.saturating_sub(clock::unix_ms(entry.created)) / 1000));
         }
     }
     out.sort_by(|a, b| a.0.id.cmp(&b.0.id));
