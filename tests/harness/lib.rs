@@ -363,17 +363,41 @@ pub fn flowmesh_bin() -> PathBuf {
     binary("flowmesh")
 }
 
-/// A binary of the workspace that cargo built next to this test binary.
+/// A binary of the workspace, next to this test binary (`target/<profile>/<name>`).
+///
+/// `cargo test` builds only the binaries of packages that have integration tests of their own, so
+/// the first call builds every binary of the workspace with the same cargo, profile and target
+/// folder (a no-op when they are fresh): the suite never depends on an earlier manual build, and
+/// never runs a stale service binary.
 pub fn binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(|deps| deps.parent()).expect("target dir");
+    if let Err(e) = BUILT.get_or_init(|| build_workspace_binaries(dir)) {
+        panic!("building the workspace's binaries for the tests failed: {e}");
+    }
     let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run the suite with `cargo test --workspace` (it builds the binaries)",
-        bin.display()
-    );
+    assert!(bin.exists(), "{} is missing after building the workspace's binaries", bin.display());
     bin
+}
+
+/// `cargo build --workspace --bins` into `profile_dir` (`<target>/<profile>`).
+fn build_workspace_binaries(profile_dir: &std::path::Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let target = profile_dir.parent().ok_or("the profile folder has no parent")?;
+    let profile = profile_dir.file_name().and_then(|n| n.to_str()).ok_or("unnamed profile folder")?;
+    let profile = if profile == "debug" { "dev" } else { profile };
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+    let out = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--workspace", "--bins", "--locked", "--profile", profile])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cargo could not start: {e}"))?;
+    if out.status.success() { Ok(()) } else { Err(output_text(&out)) }
 }
 
 /// An example document from `examples/`.
