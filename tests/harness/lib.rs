@@ -40,6 +40,8 @@ pub struct World {
     services: BTreeMap<String, (Trigger, tokio::task::JoinHandle<anyhow::Result<()>>)>,
     processes: BTreeMap<String, tokio::process::Child>,
     log: Arc<Mutex<Vec<Event>>>,
+    /// Messages of the log the reader skipped as unreadable (`flowmesh::log::Skipped`).
+    skipped: Arc<Mutex<Vec<flowmesh::log::Skipped>>>,
     log_task: tokio::task::JoinHandle<()>,
 }
 
@@ -110,8 +112,19 @@ impl World {
         let client = connect(&options).await?;
         let handles = Handles::ensure(&client, &Topology::load(1)?).await?;
         let log = Arc::new(Mutex::new(Vec::new()));
-        let log_task = tokio::spawn(record(handles.js.clone(), log.clone()));
-        Ok(World { server, dir, client, handles, services: BTreeMap::new(), processes: BTreeMap::new(), log, log_task })
+        let skipped = Arc::new(Mutex::new(Vec::new()));
+        let log_task = tokio::spawn(record(handles.js.clone(), log.clone(), skipped.clone()));
+        Ok(World {
+            server,
+            dir,
+            client,
+            handles,
+            services: BTreeMap::new(),
+            processes: BTreeMap::new(),
+            log,
+            skipped,
+            log_task,
+        })
     }
 
     pub fn url(&self) -> String {
@@ -257,6 +270,11 @@ impl World {
         self.log.lock().expect("log lock").clone()
     }
 
+    /// The messages of the log skipped as unreadable so far.
+    pub fn skipped(&self) -> Vec<flowmesh::log::Skipped> {
+        self.skipped.lock().expect("skipped lock").clone()
+    }
+
     /// Waits until `done` holds for the recorded events, or fails after `DEADLINE`.
     pub async fn wait_for(&self, what: &str, done: impl Fn(&[Event]) -> bool) -> anyhow::Result<Vec<Event>> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -315,12 +333,19 @@ impl World {
     }
 }
 
-async fn record(js: async_nats::jetstream::Context, log: Arc<Mutex<Vec<Event>>>) {
-    let Ok(stream) = flowmesh::log::events(&js, format!("{}.>", subjects::EVENTS_PREFIX), true).await else { return };
+async fn record(
+    js: async_nats::jetstream::Context,
+    log: Arc<Mutex<Vec<Event>>>,
+    skipped_log: Arc<Mutex<Vec<flowmesh::log::Skipped>>>,
+) {
+    let Ok(stream) = flowmesh::log::entries(&js, format!("{}.>", subjects::EVENTS_PREFIX), true).await else {
+        return;
+    };
     futures_util::pin_mut!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(event) => {
+    while let Some(read) = stream.next().await {
+        match read {
+            Ok(flowmesh::log::Read::Skipped(skipped)) => skipped_log.lock().expect("skipped lock").push(skipped),
+            Ok(flowmesh::log::Read::Event(event)) => {
                 // Every event any scenario produces must match schemas/event.schema.json: the
                 // Rust types and the published schema cannot drift apart unnoticed.
                 let value = serde_json::to_value(&event).expect("events serialize");
@@ -328,7 +353,7 @@ async fn record(js: async_nats::jetstream::Context, log: Arc<Mutex<Vec<Event>>>)
                 if !problems.is_empty() {
                     SCHEMA_VIOLATIONS.lock().expect("violations lock").push(format!("{}: {problems:?}", event.id));
                 }
-                log.lock().expect("log lock").push(event)
+                log.lock().expect("log lock").push(*event)
             }
             Err(e) => panic!("the event log holds something that is not an event: {e}"),
         }

@@ -343,6 +343,39 @@ impl EventBody {
         }
     }
 
+    /// The worker a report names, for the kinds a worker may write: its own `started`, `updated`,
+    /// `completed`, `failed` and `cancelled` reports. `None` for every other kind, and for a
+    /// `failed` or `cancelled` that names no worker (the router's).
+    pub fn reporter(&self) -> Option<&str> {
+        match self {
+            EventBody::TaskStarted(e) => Some(&e.worker_id),
+            EventBody::TaskUpdated(e) => Some(&e.worker_id),
+            EventBody::TaskCompleted(e) => Some(&e.worker_id),
+            EventBody::TaskFailed(e) => e.worker_id.as_deref(),
+            EventBody::TaskCancelled(e) => e.worker_id.as_deref(),
+            EventBody::SubmissionAccepted(_)
+            | EventBody::SubmissionRejected(_)
+            | EventBody::TaskPending(_)
+            | EventBody::TaskDispatched(_)
+            | EventBody::TaskRequeued(_)
+            | EventBody::TaskSkipped(_)
+            | EventBody::TaskCancelRequested(_)
+            | EventBody::WorkflowCompleted(_)
+            | EventBody::WorkflowFailed(_)
+            | EventBody::WorkflowCancelled(_)
+            | EventBody::WorkerJoined(_)
+            | EventBody::WorkerLost(_)
+            | EventBody::WorkerCordoned(_)
+            | EventBody::WorkerUncordoned(_) => None,
+        }
+    }
+
+    /// Kinds only the worker running the task writes (the router writes `failed` and
+    /// `cancelled` too, when a worker is lost or a task never reached one).
+    pub fn is_worker_report_only(&self) -> bool {
+        matches!(self, EventBody::TaskStarted(_) | EventBody::TaskUpdated(_) | EventBody::TaskCompleted(_))
+    }
+
     /// Whether this is the end of a task attempt.
     pub fn is_task_terminal(&self) -> bool {
         matches!(
@@ -355,15 +388,83 @@ impl EventBody {
     }
 }
 
+/// Who wrote an event, as its subject says. NATS permissions decide who may publish on which
+/// subject (`streams/nats-server.conf`), so a reader that checks a body against its subject knows
+/// its author without trusting anything the body claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Author<'a> {
+    /// The validator, the router or an operator: `<workflow>.<task>.<noun>.<verb>`.
+    Service,
+    /// Worker W reporting on work dispatched to it: `<workflow>.<task>.task.<verb>.<W>`.
+    Worker(&'a str),
+}
+
+/// The largest event a reader takes: the streams' `max_msg_size`.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Why a message on the event log is not folded. Readers skip it, count it and go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    #[error("{size} bytes, over the {MAX_EVENT_BYTES}-byte limit")]
+    TooLarge { size: usize },
+    #[error("not an event: {0}")]
+    NotAnEvent(String),
+    #[error("a {kind} event may not be written by {author}")]
+    WrongAuthor { kind: &'static str, author: String },
+    #[error("its subject says {found:?}, its body {expected:?}")]
+    SubjectMismatch { expected: String, found: String },
+}
+
 impl Event {
     /// Builds an event whose id is derived from its body (see [`EventBody::derive_id`]).
     pub fn new(body: EventBody, time: String, sequence_hint: u64) -> Event {
         Event { id: body.derive_id(sequence_hint), time, body }
     }
 
-    /// `flowmesh.events.<workflow>.<task>.<noun>.<verb>`.
-    pub fn subject_suffix(&self) -> String {
+    /// The subject below `flowmesh.events.` of this event written by `author`:
+    /// `<workflow>.<task>.<noun>.<verb>`, with `.<worker_id>` appended for a worker's report.
+    pub fn subject_suffix(&self, author: Author<'_>) -> String {
         let (workflow, task) = self.body.scope();
-        format!("{workflow}.{task}.{}", self.body.kind())
+        match author {
+            Author::Service => format!("{workflow}.{task}.{}", self.body.kind()),
+            Author::Worker(worker) => format!("{workflow}.{task}.{}.{worker}", self.body.kind()),
+        }
+    }
+
+    /// Reads a message of the event log: `subject_suffix` is its subject below
+    /// `flowmesh.events.`. The event is returned only when its body agrees with its subject in
+    /// kind, workflow and task, and its author (from the subject) may write that kind: a
+    /// worker only its own reports, the services everything else. Nothing a body claims is
+    /// believed that its subject does not confirm.
+    pub fn read(subject_suffix: &str, payload: &[u8]) -> Result<Event, Unreadable> {
+        if payload.len() > MAX_EVENT_BYTES {
+            return Err(Unreadable::TooLarge { size: payload.len() });
+        }
+        let event: Event = serde_json::from_slice(payload).map_err(|e| {
+            let mut message = e.to_string();
+            message.truncate(200);
+            Unreadable::NotAnEvent(message)
+        })?;
+        let author = match subject_suffix.splitn(5, '.').nth(4) {
+            Some(worker) => Author::Worker(worker),
+            None => Author::Service,
+        };
+        let kind = event.body.kind();
+        let allowed = match author {
+            Author::Service => !event.body.is_worker_report_only(),
+            Author::Worker(worker) => event.body.reporter() == Some(worker),
+        };
+        if !allowed {
+            let author = match author {
+                Author::Service => "a service".to_owned(),
+                Author::Worker(w) => format!("worker {w}"),
+            };
+            return Err(Unreadable::WrongAuthor { kind, author });
+        }
+        let expected = event.subject_suffix(author);
+        if expected != subject_suffix {
+            return Err(Unreadable::SubjectMismatch { expected, found: subject_suffix.to_owned() });
+        }
+        Ok(event)
     }
 }

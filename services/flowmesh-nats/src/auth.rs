@@ -104,6 +104,10 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
     ];
+    // Reports only under its own name: the log's readers take a report's author from its subject.
+    let replacements = replacements.into_iter().chain(
+        subjects::REPORT_KINDS.iter().map(|kind| (subjects::reports(kind, "*"), vec![subjects::reports(kind, id)])),
+    );
     let mut narrowed = role.to_owned();
     for (wide, narrow) in replacements {
         let quoted = format!("\"{wide}\"");
@@ -156,8 +160,9 @@ mod tests {
             "\"$JS.ACK.FLOWMESH_WORK.worker-gpu-1.>\"",
             "\"flowmesh.control.gpu-1.cancel\"",
             "\"flowmesh.worker.gpu-1.status\"",
+            "\"flowmesh.events.*.*.task.completed.gpu-1\"",
+            "\"flowmesh.events.*.*.task.failed.gpu-1\"",
             // What names no worker stays as in the role.
-            "\"flowmesh.events.*.*.task.completed\"",
             "\"$JS.API.CONSUMER.MSG.NEXT.FLOWMESH_EVENTS.>\"",
         ] {
             assert!(block.contains(narrow), "{narrow} missing from\n{block}");
@@ -170,6 +175,8 @@ mod tests {
             "\"$JS.API.DIRECT.GET.>\"",
             "control.*",
             "worker.*",
+            "task.completed.*",
+            "task.started.*",
             "cpu_2",
         ] {
             assert!(!block.contains(wide), "{wide} left in\n{block}");

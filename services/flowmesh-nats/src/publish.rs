@@ -1,22 +1,89 @@
-//! Publishing events with their deterministic ids, waiting for the stream's acknowledgement.
+//! Publishing events with their deterministic ids, and telling a retry's duplicate from an id
+//! that somebody else claimed first.
+//!
+//! JetStream drops a message whose `Nats-Msg-Id` it has already stored, on any subject of the
+//! stream. Our ids derive from their cause, so a writer that retries after a crash is stored
+//! once; but anyone who may write *some* subject of the stream can predict them. Only one author
+//! may write a given subject (NATS permissions), so a duplicate whose stored copy is on our own
+//! subject is our own earlier publish, and one on another subject is a pre-claimed id: the event
+//! is stored again under an id nobody can predict, and the claim is counted.
 
 use crate::error::EdgeError;
 use crate::subjects;
-use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage, publish::PublishAck};
 use flowmesh_domain::Event;
+use flowmesh_domain::event::Author;
+use std::io::Read;
+use tracing::warn;
 
-/// Publishes `event` on its subject with `Nats-Msg-Id = event.id` and waits for the ack.
-/// Returns the stream sequence (the original one when the server saw a duplicate).
-pub async fn publish_event(js: &jetstream::Context, event: &Event) -> Result<u64, EdgeError> {
-    let ack = send_event(js, event).await?;
-    let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of event {}", event.id), e))?;
+/// Publishes `event`, written by `author`, on its subject with `Nats-Msg-Id = event.id` and
+/// waits for the ack. Returns the stream sequence (the original one when this author had
+/// already stored it).
+pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<u64, EdgeError> {
+    let subject = subjects::event(&event.subject_suffix(author));
+    let payload = serde_json::to_vec(event).expect("events serialize");
+    publish_once(js, subject, &event.id, payload).await
+}
+
+/// Publishes `payload` on a subject only its author writes and waits for the ack; a pre-claimed
+/// id is detected and the message stored under a fresh one (see the module's note).
+pub async fn publish_once(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> Result<u64, EdgeError> {
+    let ack = publish_json(js, subject.clone(), msg_id, payload.clone()).await?;
+    let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {msg_id} on {subject}"), e))?;
+    settle(js, ack, subject, msg_id, payload).await
+}
+
+/// The sequence of a message whose ack came back: for an unexpected duplicate, stores it again
+/// under an unpredictable id.
+pub async fn settle(
+    js: &jetstream::Context,
+    ack: PublishAck,
+    subject: String,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> Result<u64, EdgeError> {
+    if !ack.duplicate || stored_on(js, &ack, &subject).await? {
+        return Ok(ack.sequence);
+    }
+    metrics::counter!("flowmesh_preclaimed_ids_total").increment(1);
+    let fresh = format!("{msg_id}~{}", unpredictable());
+    warn!(%msg_id, %subject, claimed_at = ack.sequence, %fresh, "message id was claimed on another subject; storing under a fresh id");
+    let ack = publish_json(js, subject.clone(), &fresh, payload).await?;
+    let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {fresh} on {subject}"), e))?;
     Ok(ack.sequence)
 }
 
-/// Sends without waiting for the ack, for callers that pipeline several events.
-pub async fn send_event(js: &jetstream::Context, event: &Event) -> Result<PublishAckFuture, EdgeError> {
+/// Whether the message a duplicate ack points at is on `subject`.
+async fn stored_on(js: &jetstream::Context, ack: &PublishAck, subject: &str) -> Result<bool, EdgeError> {
+    let what = || format!("the message behind duplicate {} of {}", ack.sequence, ack.stream);
+    let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
+    let stored = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
+    Ok(stored.subject.as_str() == subject)
+}
+
+/// 128 bits from the kernel's random source, in hex: an id suffix nobody can guess.
+fn unpredictable() -> String {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .expect("the kernel's random source is readable");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Sends an event without waiting for the ack, for callers that pipeline several; they pass
+/// each ack to [`settle`].
+pub async fn send_event(
+    js: &jetstream::Context,
+    event: &Event,
+    author: Author<'_>,
+) -> Result<PublishAckFuture, EdgeError> {
     let payload = serde_json::to_vec(event).expect("events serialize");
-    publish_json(js, subjects::event(&event.subject_suffix()), &event.id, payload).await
+    publish_json(js, subjects::event(&event.subject_suffix(author)), &event.id, payload).await
 }
 
 /// Publishes any payload to a stream subject with a message id.

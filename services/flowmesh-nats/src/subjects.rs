@@ -27,6 +27,19 @@ pub fn event(suffix: &str) -> String {
     format!("{EVENTS_PREFIX}.{suffix}")
 }
 
+/// The part of an event subject below `flowmesh.events.`, or `None` for another subject.
+pub fn event_suffix(subject: &str) -> Option<&str> {
+    subject.strip_prefix(EVENTS_PREFIX)?.strip_prefix('.')
+}
+
+/// The kinds a worker reports, each on `flowmesh.events.<workflow>.<task>.<kind>.<worker_id>`.
+pub const REPORT_KINDS: [&str; 5] = ["task.started", "task.updated", "task.completed", "task.failed", "task.cancelled"];
+
+/// Every report of `kind` written by `worker` (`*` for any worker), in any workflow.
+pub fn reports(kind: &str, worker: &str) -> String {
+    format!("{EVENTS_PREFIX}.*.*.{kind}.{worker}")
+}
+
 /// Every event of one workflow.
 pub fn workflow_events(workflow_id: &str) -> String {
     format!("{EVENTS_PREFIX}.{workflow_id}.>")

@@ -6,7 +6,7 @@ pub mod checkpoint;
 pub mod lease;
 
 use async_nats::jetstream::{self, consumer, kv};
-use flowmesh_domain::event::{WorkerJoined, WorkerLost};
+use flowmesh_domain::event::{Author, WorkerJoined, WorkerLost};
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::placement::Strategy;
 use flowmesh_domain::schedule::{self, Action};
@@ -97,6 +97,8 @@ struct Router {
     requests: schedule::Requests,
     /// Another router's lease as this one last saw it (`lease::acquire`).
     lease_seen: Option<lease::Seen>,
+    /// Messages of the log skipped as unreadable (`Event::read`): never folded.
+    unreadable: u64,
 }
 
 /// Runs until `shutdown` fires.
@@ -141,6 +143,7 @@ pub async fn run(
         resent_after_takeover: false,
         requests: schedule::Requests::default(),
         lease_seen: None,
+        unreadable: 0,
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
@@ -217,12 +220,17 @@ impl Router {
             self.state.last_seq = info.stream_sequence;
             self.target_seq = self.target_seq.max(info.stream_sequence + info.pending);
         }
-        match serde_json::from_slice::<Event>(&message.payload) {
+        let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+        match Event::read(suffix, &message.payload) {
             Ok(event) => {
                 let applied = self.state.apply(&event);
                 debug!(event = %event.id, ?applied, "folded");
             }
-            Err(e) => warn!(subject = %message.subject, error = %e, "not an event; skipped"),
+            Err(e) => {
+                self.unreadable += 1;
+                metrics::counter!("flowmesh_events_unreadable_total").increment(1);
+                warn!(subject = %message.subject, seq = self.state.last_seq, error = %e, "unreadable event; skipped, not folded");
+            }
         }
     }
 
@@ -275,6 +283,7 @@ impl Router {
             "workflows": self.state.workflows.len(),
             "running_workflows": running,
             "live_workers": live,
+            "unreadable_events": self.unreadable,
         })
     }
 
@@ -314,7 +323,7 @@ impl Router {
     async fn publish(&mut self, body: EventBody) -> Result<(), EdgeError> {
         let hint = self.sequence_hint(&body);
         let event = Event::new(body, clock::now_rfc3339(), hint);
-        let seq = publish::publish_event(&self.handles.js, &event).await?;
+        let seq = publish::publish_event(&self.handles.js, &event, Author::Service).await?;
         self.target_seq = self.target_seq.max(seq);
         info!(event = %event.id, kind = event.body.kind(), "published");
         Ok(())
@@ -394,8 +403,7 @@ impl Router {
 
     async fn send_order(&self, worker: &str, order: &flowmesh_domain::work::WorkOrder) -> Result<(), EdgeError> {
         let payload = serde_json::to_vec(order).expect("work orders serialize");
-        let ack = publish::publish_json(&self.handles.js, subjects::work(worker), &order.msg_id(), payload).await?;
-        ack.await.map_err(|e| EdgeError::transient(format!("work order {}", order.msg_id()), e))?;
+        publish::publish_once(&self.handles.js, subjects::work(worker), &order.msg_id(), payload).await?;
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! the event stream keeps one. The message is acked only after the verdict is stored.
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
-use flowmesh_domain::event::{SubmissionAccepted, SubmissionRef, SubmissionRejected};
+use flowmesh_domain::event::{Author, SubmissionAccepted, SubmissionRef, SubmissionRejected};
 use flowmesh_domain::{Event, EventBody, Problem, ids, validate_submission};
 use flowmesh_nats::{Handles, Shutdown, clock, publish, subjects};
 use std::time::Duration;
@@ -140,7 +140,7 @@ pub async fn publish_verdict(
         verdict.unwrap_or_else(|e| Err(vec![Problem::new("/", format!("validator failed on this input: {e}"))]));
     let submission = SubmissionRef { stream, seq, msg_id, validated_by: Some(instance.to_owned()) };
     let event = verdict_event(submission, workflow_id, verdict);
-    publish::publish_event(js, &event).await.map_err(Some)?;
+    publish::publish_event(js, &event, Author::Service).await.map_err(Some)?;
     let verdict = if matches!(event.body, EventBody::SubmissionAccepted(_)) { "accepted" } else { "rejected" };
     metrics::counter!("flowmesh_verdicts_total", "verdict" => verdict).increment(1);
     Ok(event)

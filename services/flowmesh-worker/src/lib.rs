@@ -16,7 +16,9 @@ pub use config::{Config, WorkerArgs};
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use executor::{ExecError, Executor, TaskContext};
-use flowmesh_domain::event::{Artifact, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated};
+use flowmesh_domain::event::{
+    Artifact, Author, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated,
+};
 use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
 use flowmesh_domain::work::WorkOrder;
 use flowmesh_domain::{Event, EventBody};
@@ -193,7 +195,7 @@ impl Shared {
     async fn report(&self, event: &Event) -> bool {
         let mut delay = Duration::from_millis(200);
         loop {
-            match publish::publish_event(&self.handles.js, event).await {
+            match publish::publish_event(&self.handles.js, event, Author::Worker(&self.config.worker_id)).await {
                 Ok(_) => return true,
                 Err(e) => {
                     warn!(event = %event.id, error = %e, "report not stored yet; retrying");

@@ -400,7 +400,8 @@ async fn follow_outcomes(
             let at = Instant::now();
             // An ordered consumer recreates itself after a reconnect; an error here is a pause.
             let Ok(message) = message else { continue };
-            let Ok(event) = serde_json::from_slice::<Event>(&message.payload) else { continue };
+            let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+            let Ok(event) = Event::read(suffix, &message.payload) else { continue };
             if let Some((workflow_id, what)) = outcome(&event)
                 && tx.send(Seen { workflow_id, what, at }).await.is_err()
             {

@@ -1,18 +1,55 @@
 //! Reading the event log: a one-off read up to now, or following it, with a subject filter so
 //! looking at one workflow does not read the whole log. One ordered consumer per read.
+//!
+//! A message that is not an event its subject's author may write ([`Event::read`]) never stops
+//! a reader: it is skipped, counted (`flowmesh_events_unreadable_total`) and, by `events`,
+//! shown with its stream sequence and subject.
 
 use async_nats::jetstream::{self, consumer};
 use flowmesh_domain::Event;
 use flowmesh_nats::{retry, subjects};
 use futures_util::{Stream, StreamExt};
 
-/// Events matching `filter` (`flowmesh.events.>` for all), oldest first. Without `follow`, the
-/// stream ends at the last event present when it was opened.
+/// A message of the log as a reader sees it.
+#[derive(Debug, Clone)]
+pub enum Read {
+    Event(Box<Event>),
+    Skipped(Skipped),
+}
+
+/// A message no reader folds: where it is and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Skipped {
+    pub seq: u64,
+    pub subject: String,
+    pub reason: String,
+}
+
+/// Events matching `filter`, oldest first, skipping (with a warning) what is not readable.
 pub async fn events(
     js: &jetstream::Context,
     filter: String,
     follow: bool,
 ) -> anyhow::Result<impl Stream<Item = anyhow::Result<Event>>> {
+    Ok(entries(js, filter, follow).await?.filter_map(|read| async move {
+        match read {
+            Ok(Read::Event(event)) => Some(Ok(*event)),
+            Ok(Read::Skipped(s)) => {
+                tracing::warn!(seq = s.seq, subject = %s.subject, reason = %s.reason, "unreadable event skipped");
+                None
+            }
+            Err(e) => Some(Err(e)),
+        }
+    }))
+}
+
+/// Messages matching `filter` (`flowmesh.events.>` for all), oldest first. Without `follow`, the
+/// stream ends at the last message present when it was opened.
+pub async fn entries(
+    js: &jetstream::Context,
+    filter: String,
+    follow: bool,
+) -> anyhow::Result<impl Stream<Item = anyhow::Result<Read>>> {
     // Opening the consumer needs the cluster's meta leader: ride out its election after a node loss.
     let (messages, pending) = retry::patiently("opening the event log", retry::FAILOVER_BUDGET, || async {
         let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
@@ -39,10 +76,21 @@ pub async fn events(
                 Err(e) if follow => tracing::debug!(error = %e, "event stream interrupted; resuming"),
                 Err(e) => return Some((Err(anyhow::anyhow!("reading events: {e}")), (messages, true))),
                 Ok(message) => {
-                    let last = !follow && message.info().map(|i| i.pending == 0).unwrap_or(false);
-                    let event = serde_json::from_slice::<Event>(&message.payload)
-                        .map_err(|e| anyhow::anyhow!("event on {} is not readable: {e}", message.subject));
-                    return Some((event, (messages, last)));
+                    let info = message.info().ok();
+                    let last = !follow && info.as_ref().is_some_and(|i| i.pending == 0);
+                    let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+                    let read = match Event::read(suffix, &message.payload) {
+                        Ok(event) => Read::Event(Box::new(event)),
+                        Err(reason) => {
+                            metrics::counter!("flowmesh_events_unreadable_total").increment(1);
+                            Read::Skipped(Skipped {
+                                seq: info.map_or(0, |i| i.stream_sequence),
+                                subject: message.subject.to_string(),
+                                reason: reason.to_string(),
+                            })
+                        }
+                    };
+                    return Some((Ok(read), (messages, last)));
                 }
             }
         }

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use flowmesh::submit::{self, End};
 use flowmesh::{bench, dev, log, views};
-use flowmesh_domain::event::{TaskCancelRequested, WorkerCordon};
+use flowmesh_domain::event::{Author, TaskCancelRequested, WorkerCordon};
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::cli::NatsArgs;
 use flowmesh_nats::connect::{NatsOptions, connect};
@@ -358,15 +358,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (Some(wf), None) => subjects::workflow_events(wf),
                 (None, None) => format!("{}.>", subjects::EVENTS_PREFIX),
             };
-            let stream = log::events(&handles.js, filter, follow).await?;
+            let stream = log::entries(&handles.js, filter, follow).await?;
             futures_util::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                let event = event?;
-                if json {
-                    println!("{}", serde_json::to_string(&event)?);
-                } else {
-                    let line = submit::progress_line(&event).unwrap_or_else(|| event.id.clone());
-                    println!("{}  {:<22} {}", event.time, event.body.kind(), line);
+            while let Some(read) = stream.next().await {
+                match (read?, json) {
+                    (log::Read::Event(event), true) => println!("{}", serde_json::to_string(&event)?),
+                    (log::Read::Event(event), false) => {
+                        let line = submit::progress_line(&event).unwrap_or_else(|| event.id.clone());
+                        println!("{}  {:<22} {}", event.time, event.body.kind(), line);
+                    }
+                    (log::Read::Skipped(s), true) => println!("{}", serde_json::json!({ "skipped": s })),
+                    (log::Read::Skipped(s), false) => {
+                        println!("skipped seq {} on {}: {}", s.seq, s.subject, s.reason)
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -607,7 +611,7 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
 async fn operate(js: &async_nats::jetstream::Context, body: EventBody) -> anyhow::Result<()> {
     let now = clock::now_ms();
     let event = Event::new(body, clock::rfc3339(now), now);
-    publish::publish_event(js, &event).await?;
+    publish::publish_event(js, &event, Author::Service).await?;
     Ok(())
 }
 
@@ -668,7 +672,7 @@ async fn workflow_command(nats: &NatsArgs, command: WorkflowCommand) -> anyhow::
                 task_id: None,
                 reason: "cancelled by operator".to_owned(),
             });
-            publish::publish_event(&handles.js, &Event::new(body, clock::rfc3339(now), now)).await?;
+            publish::publish_event(&handles.js, &Event::new(body, clock::rfc3339(now), now), Author::Service).await?;
             println!("cancel requested for {id}");
         }
     }
@@ -736,7 +740,7 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
                 task_id: Some(id.clone()),
                 reason: "cancelled by operator".to_owned(),
             });
-            publish::publish_event(&handles.js, &Event::new(body, clock::rfc3339(now), now)).await?;
+            publish::publish_event(&handles.js, &Event::new(body, clock::rfc3339(now), now), Author::Service).await?;
             println!("cancel requested for {id}");
         }
     }

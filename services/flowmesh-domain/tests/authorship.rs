@@ -1,0 +1,161 @@
+//! `Event::read`: a message of the log is folded only when its body agrees with its subject and
+//! the subject's author may write that kind. One table, one `check`.
+
+use flowmesh_domain::event::{
+    Author, MAX_EVENT_BYTES, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskStarted, Unreadable, WorkflowEnded,
+};
+use flowmesh_domain::{Event, EventBody};
+
+fn task() -> TaskRef {
+    TaskRef { workflow_id: "wf-1".into(), task_id: "wf-1-main".into(), stage: "main".into(), attempt: 1 }
+}
+
+fn started(worker: &str) -> Event {
+    Event::new(EventBody::TaskStarted(TaskStarted { task: task(), worker_id: worker.into() }), "t".into(), 0)
+}
+
+fn completed(worker: &str) -> Event {
+    let body = EventBody::TaskCompleted(TaskCompleted {
+        task: task(),
+        worker_id: worker.into(),
+        result: None,
+        result_object: "wf-1-main/results.json".into(),
+        artifacts: Vec::new(),
+    });
+    Event::new(body, "t".into(), 0)
+}
+
+fn failed(worker: Option<&str>) -> Event {
+    let body = EventBody::TaskFailed(TaskFailed {
+        task: task(),
+        worker_id: worker.map(str::to_owned),
+        reason: "r".into(),
+        message: "m".into(),
+        retryable: false,
+    });
+    Event::new(body, "t".into(), 0)
+}
+
+fn dispatched() -> Event {
+    let body = EventBody::TaskDispatched(TaskDispatched {
+        task: task(),
+        worker_id: "w1".into(),
+        task_type: "echo".into(),
+        message: "m".into(),
+    });
+    Event::new(body, "t".into(), 0)
+}
+
+fn workflow_completed(id: &str) -> Event {
+    Event::new(EventBody::WorkflowCompleted(WorkflowEnded { workflow_id: id.into(), reason: None }), "t".into(), 0)
+}
+
+/// What `read` makes of `payload` on `suffix`: `Ok(kind)` or the error's variant name.
+fn check(suffix: &str, payload: &[u8]) -> Result<&'static str, &'static str> {
+    Event::read(suffix, payload).map(|e| e.body.kind()).map_err(|e| match e {
+        Unreadable::TooLarge { .. } => "too large",
+        Unreadable::NotAnEvent(_) => "not an event",
+        Unreadable::WrongAuthor { .. } => "wrong author",
+        Unreadable::SubjectMismatch { .. } => "subject mismatch",
+    })
+}
+
+fn json(e: &Event) -> Vec<u8> {
+    serde_json::to_vec(e).unwrap()
+}
+
+/// (what, subject suffix, payload, what `read` makes of it).
+type Case = (&'static str, String, Vec<u8>, Result<&'static str, &'static str>);
+
+#[test]
+fn a_body_is_believed_only_where_its_subject_agrees() {
+    let s = "wf-1.wf-1-main.task.started";
+    let cases: Vec<Case> = vec![
+        ("a worker's own report", format!("{s}.w1"), json(&started("w1")), Ok("task.started")),
+        ("a report naming another worker", format!("{s}.w2"), json(&started("w1")), Err("wrong author")),
+        ("a report on a service subject", s.into(), json(&started("w1")), Err("wrong author")),
+        (
+            "a completion under a worker's name",
+            "wf-1.wf-1-main.task.completed.w1".into(),
+            json(&completed("w1")),
+            Ok("task.completed"),
+        ),
+        (
+            "the router's failure (no worker)",
+            "wf-1.wf-1-main.task.failed".into(),
+            json(&failed(None)),
+            Ok("task.failed"),
+        ),
+        (
+            "the router's failure about a lost worker",
+            "wf-1.wf-1-main.task.failed".into(),
+            json(&failed(Some("w1"))),
+            Ok("task.failed"),
+        ),
+        (
+            "a worker's failure naming no worker",
+            "wf-1.wf-1-main.task.failed.w1".into(),
+            json(&failed(None)),
+            Err("wrong author"),
+        ),
+        (
+            "a dispatch from a service",
+            "wf-1.wf-1-main.task.dispatched".into(),
+            json(&dispatched()),
+            Ok("task.dispatched"),
+        ),
+        (
+            "a dispatch under a worker's name",
+            "wf-1.wf-1-main.task.dispatched.w1".into(),
+            json(&dispatched()),
+            Err("wrong author"),
+        ),
+        (
+            "an acceptance body on a task subject",
+            "wf-1.wf-1-main.task.started.w1".into(),
+            json(&workflow_completed("wf-1")),
+            Err("wrong author"),
+        ),
+        (
+            "a kind other than the subject's",
+            "wf-1.wf-1-main.task.completed.w1".into(),
+            json(&started("w1")),
+            Err("subject mismatch"),
+        ),
+        (
+            "another workflow than the subject's",
+            "wf-2._.workflow.completed".into(),
+            json(&workflow_completed("wf-1")),
+            Err("subject mismatch"),
+        ),
+        ("an empty object", format!("{s}.w1"), b"{}".to_vec(), Err("not an event")),
+        ("a truncated body", format!("{s}.w1"), json(&started("w1"))[..20].to_vec(), Err("not an event")),
+        (
+            "a wrongly typed field",
+            format!("{s}.w1"),
+            br#"{"id":1,"time":"t","type":"task.started"}"#.to_vec(),
+            Err("not an event"),
+        ),
+        ("not JSON", format!("{s}.w1"), b"\xff\x00garbage".to_vec(), Err("not an event")),
+        ("over the size limit", format!("{s}.w1"), vec![b' '; MAX_EVENT_BYTES + 1], Err("too large")),
+        ("no subject at all", String::new(), json(&dispatched()), Err("subject mismatch")),
+    ];
+    for (what, suffix, payload, want) in cases {
+        assert_eq!(check(&suffix, &payload), want, "{what}");
+    }
+}
+
+#[test]
+fn what_a_writer_publishes_reads_back() {
+    for (event, author) in [
+        (started("w1"), Author::Worker("w1")),
+        (completed("gpu-7"), Author::Worker("gpu-7")),
+        (failed(Some("w1")), Author::Worker("w1")),
+        (failed(Some("w1")), Author::Service),
+        (dispatched(), Author::Service),
+        (workflow_completed("wf-1"), Author::Service),
+    ] {
+        let suffix = event.subject_suffix(author);
+        assert_eq!(Event::read(&suffix, &json(&event)), Ok(event.clone()), "{suffix}");
+    }
+}
