@@ -61,6 +61,15 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     let ratio = report.ratio_to_raw.expect("a ratio with --raw");
     assert!((ratio - report.tasks_per_sec / raw.msgs_per_sec).abs() < 1e-9, "{report:#?}");
     assert!(raw.stream.starts_with(subjects::BENCH_RAW_STREAM_PREFIX), "{}", raw.stream);
+    // Stored messages are counted from the streams, not assumed: every workflow stored at least
+    // its submission, its verdict, its dispatch, its work order and its end.
+    assert_eq!(report.stored.get(subjects::SUBMISSIONS_STREAM), Some(&20), "{report:#?}");
+    assert!(report.stored.get(subjects::WORK_STREAM).is_some_and(|n| *n >= 20), "{report:#?}");
+    assert!(report.stored.get(subjects::EVENTS_STREAM).is_some_and(|n| *n >= 60), "{report:#?}");
+    let per_task = report.stored_per_task.expect("stored messages per task");
+    assert!((per_task - report.stored.values().sum::<u64>() as f64 / 20.0).abs() < 1e-9);
+    let efficiency = report.efficiency.expect("an efficiency with --raw");
+    assert!((efficiency - ratio * per_task).abs() < 1e-9, "{report:#?}");
     assert!(world.handles.js.get_stream(&raw.stream).await.is_err(), "{} was not deleted", raw.stream);
     assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
 

@@ -16,31 +16,61 @@ use flowmesh_domain::event::Author;
 use std::io::Read;
 use tracing::warn;
 
-/// Publishes `event`, written by `author`, on its subject with `Nats-Msg-Id = event.id` and
-/// waits for the ack. Returns the stream sequence (the original one when this author had
-/// already stored it).
-pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<u64, EdgeError> {
-    let subject = subjects::event(&event.subject_suffix(author));
-    let payload = serde_json::to_vec(event).expect("events serialize");
-    publish_once(js, subject, &event.id, payload).await
+/// A message sent and not yet acknowledged: everything needed to check its ack.
+pub struct InFlight {
+    ack: PublishAckFuture,
+    subject: String,
+    msg_id: String,
+    payload: Vec<u8>,
 }
 
-/// Publishes `payload` on a subject only its author writes and waits for the ack; a pre-claimed
-/// id is detected and the message stored under a fresh one (see the module's note).
+impl InFlight {
+    /// Waits for the stream's ack; returns the stream sequence (for a pre-claimed id, that of
+    /// the copy stored again under a fresh id).
+    pub async fn stored(self, js: &jetstream::Context) -> Result<u64, EdgeError> {
+        let InFlight { ack, subject, msg_id, payload } = self;
+        let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {msg_id} on {subject}"), e))?;
+        settle(js, ack, subject, &msg_id, payload).await
+    }
+}
+
+/// Sends `payload` on a subject only its author writes, with `msg_id`, without waiting: callers
+/// keep many in flight and then wait for each with [`InFlight::stored`].
+pub async fn send(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: &str,
+    payload: Vec<u8>,
+) -> Result<InFlight, EdgeError> {
+    let ack = publish_json(js, subject.clone(), msg_id, payload.clone()).await?;
+    Ok(InFlight { ack, subject, msg_id: msg_id.to_owned(), payload })
+}
+
+/// Sends `event`, written by `author`, on its subject with `Nats-Msg-Id = event.id`.
+pub async fn send_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<InFlight, EdgeError> {
+    let payload = serde_json::to_vec(event).expect("events serialize");
+    send(js, subjects::event(&event.subject_suffix(author)), &event.id, payload).await
+}
+
+/// Publishes `event` and waits for the ack. Returns the stream sequence (the original one when
+/// this author had already stored it).
+pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<u64, EdgeError> {
+    send_event(js, event, author).await?.stored(js).await
+}
+
+/// Publishes `payload` and waits for the ack; see [`send`].
 pub async fn publish_once(
     js: &jetstream::Context,
     subject: String,
     msg_id: &str,
     payload: Vec<u8>,
 ) -> Result<u64, EdgeError> {
-    let ack = publish_json(js, subject.clone(), msg_id, payload.clone()).await?;
-    let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {msg_id} on {subject}"), e))?;
-    settle(js, ack, subject, msg_id, payload).await
+    send(js, subject, msg_id, payload).await?.stored(js).await
 }
 
 /// The sequence of a message whose ack came back: for an unexpected duplicate, stores it again
 /// under an unpredictable id.
-pub async fn settle(
+async fn settle(
     js: &jetstream::Context,
     ack: PublishAck,
     subject: String,
@@ -73,17 +103,6 @@ fn unpredictable() -> String {
         .and_then(|mut f| f.read_exact(&mut bytes))
         .expect("the kernel's random source is readable");
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Sends an event without waiting for the ack, for callers that pipeline several; they pass
-/// each ack to [`settle`].
-pub async fn send_event(
-    js: &jetstream::Context,
-    event: &Event,
-    author: Author<'_>,
-) -> Result<PublishAckFuture, EdgeError> {
-    let payload = serde_json::to_vec(event).expect("events serialize");
-    publish_json(js, subjects::event(&event.subject_suffix(author)), &event.id, payload).await
 }
 
 /// Publishes any payload to a stream subject with a message id.

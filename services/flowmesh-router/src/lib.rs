@@ -13,7 +13,7 @@ use flowmesh_domain::schedule::{self, Action};
 use flowmesh_domain::state::{State, TaskStatus};
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::{EdgeError, Handles, Shutdown, clock, publish, subjects};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -170,7 +170,13 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.wait() => break,
             next = events.next() => match next {
-                Some(Ok(message)) => router.fold(&message),
+                Some(Ok(message)) => {
+                    router.fold(&message);
+                    // Fold everything that has already arrived, then decide once for all of it.
+                    while let Some(Some(Ok(message))) = events.next().now_or_never() {
+                        router.fold(&message);
+                    }
+                }
                 Some(Err(e)) => { warn!(error = %e, "event stream interrupted; resuming"); continue; }
                 None => anyhow::bail!("the event stream consumer ended"),
             },
@@ -181,6 +187,7 @@ pub async fn run(
             },
             _ = lease_tick.tick() => router.renew_lease().await,
             _ = tick.tick() => {
+                status.set(router.status());
                 router.resend_cancels().await;
                 if let Some(c) = checkpoint.as_mut()
                     && router.caught_up()
@@ -194,7 +201,6 @@ pub async fn run(
         if let Err(e) = router.act().await {
             warn!(error = %e, "could not publish a decision; retrying on the next event or tick");
         }
-        status.set(router.status());
     }
     if router.leader {
         lease::release(&router.handles.control, &router.config.instance).await;
@@ -319,13 +325,26 @@ impl Router {
         }
     }
 
-    /// Publishes one event and moves the target so the router waits to see it folded.
-    async fn publish(&mut self, body: EventBody) -> Result<(), EdgeError> {
-        let hint = self.sequence_hint(&body);
-        let event = Event::new(body, clock::now_rfc3339(), hint);
-        let seq = publish::publish_event(&self.handles.js, &event, Author::Service).await?;
-        self.target_seq = self.target_seq.max(seq);
-        info!(event = %event.id, kind = event.body.kind(), "published");
+    /// Publishes events with every ack in flight at once (the client bounds the window), then
+    /// waits for all of them, and moves the target so the router waits to see them folded.
+    async fn publish_all(&mut self, bodies: Vec<EventBody>) -> Result<(), EdgeError> {
+        let events: Vec<Event> = bodies
+            .into_iter()
+            .map(|body| {
+                let hint = self.sequence_hint(&body);
+                Event::new(body, clock::now_rfc3339(), hint)
+            })
+            .collect();
+        let mut sent = Vec::with_capacity(events.len());
+        for event in &events {
+            sent.push(publish::send_event(&self.handles.js, event, Author::Service).await?);
+        }
+        for (in_flight, event) in sent.into_iter().zip(&events) {
+            let seq = in_flight.stored(&self.handles.js).await?;
+            self.target_seq = self.target_seq.max(seq);
+            debug!(event = %event.id, kind = event.body.kind(), "published");
+        }
+        metrics::counter!("flowmesh_router_events_published_total").increment(events.len() as u64);
         Ok(())
     }
 
@@ -375,9 +394,7 @@ impl Router {
                 }));
             }
         }
-        for body in fleet_events {
-            self.publish(body).await?;
-        }
+        self.publish_all(fleet_events).await?;
         let live: Vec<&WorkerSnapshot> =
             self.fleet.values().filter(|s| Self::is_live(s, now)).map(|s| &s.snapshot).collect();
         if !self.resent_after_takeover {
@@ -387,23 +404,36 @@ impl Router {
         let deciding = std::time::Instant::now();
         let actions = schedule::decide_with(&self.state, &live, now, &self.config.schedule, &mut self.requests);
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
+        // A round's events first, all in flight at once; its work orders only once every
+        // `task.dispatched` is stored, so no worker runs a task the log does not show as
+        // dispatched (a crash in between is completed by `resend_dispatched`).
+        let mut bodies = Vec::with_capacity(actions.len());
+        let mut orders = Vec::new();
         for action in actions {
             match action {
-                Action::Publish(body) => self.publish(body).await?,
+                Action::Publish(body) => bodies.push(body),
                 Action::Dispatch { event, order } => {
-                    let worker = event.worker_id.clone();
-                    self.publish(EventBody::TaskDispatched(event)).await?;
-                    self.send_order(&worker, &order).await?;
-                    metrics::counter!("flowmesh_dispatches_total").increment(1);
+                    orders.push((event.worker_id.clone(), order));
+                    bodies.push(EventBody::TaskDispatched(event));
                 }
             }
         }
+        self.publish_all(bodies).await?;
+        self.send_orders(&orders).await?;
+        metrics::counter!("flowmesh_dispatches_total").increment(orders.len() as u64);
         Ok(())
     }
 
-    async fn send_order(&self, worker: &str, order: &flowmesh_domain::work::WorkOrder) -> Result<(), EdgeError> {
-        let payload = serde_json::to_vec(order).expect("work orders serialize");
-        publish::publish_once(&self.handles.js, subjects::work(worker), &order.msg_id(), payload).await?;
+    /// Sends work orders with every ack in flight at once, then waits for all of them.
+    async fn send_orders(&self, orders: &[(String, flowmesh_domain::work::WorkOrder)]) -> Result<(), EdgeError> {
+        let mut sent = Vec::with_capacity(orders.len());
+        for (worker, order) in orders {
+            let payload = serde_json::to_vec(order).expect("work orders serialize");
+            sent.push(publish::send(&self.handles.js, subjects::work(worker), &order.msg_id(), payload).await?);
+        }
+        for in_flight in sent {
+            in_flight.stored(&self.handles.js).await?;
+        }
         Ok(())
     }
 
@@ -411,17 +441,18 @@ impl Router {
     /// has; re-sending the order under its id completes that dispatch (the stream and the
     /// worker's journal drop a copy that did arrive).
     async fn resend_dispatched(&self) -> Result<(), EdgeError> {
+        let mut orders = Vec::new();
         for wf in self.state.running_workflows() {
             for t in wf.tasks.iter().filter(|t| t.status == TaskStatus::Dispatched) {
                 let Some(worker) = t.worker_id.as_deref() else {
                     continue;
                 };
                 if let Ok(spec) = schedule::resolve_spec(wf, t) {
-                    self.send_order(worker, &schedule::work_order(wf, t, spec)).await?;
+                    orders.push((worker.to_owned(), schedule::work_order(wf, t, spec)));
                 }
             }
         }
-        Ok(())
+        self.send_orders(&orders).await
     }
 
     /// Cancellation reaches a running task through its worker's control subject; repeating it

@@ -24,6 +24,8 @@ pub struct Config {
     pub instance: String,
     /// Submissions pulled at a time; small batches spread the load over many validators.
     pub batch: usize,
+    /// Submissions being validated, or their verdicts being stored, at once.
+    pub in_flight: usize,
 }
 
 impl Default for Config {
@@ -35,7 +37,8 @@ impl Default for Config {
             // validation keeps its message with progress acks instead (`handle`).
             ack_wait: Duration::from_secs(5),
             instance: format!("{}-{}", host.trim(), std::process::id()),
-            batch: 16,
+            batch: 64,
+            in_flight: 64,
         }
     }
 }
@@ -74,12 +77,30 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     .await?;
     let mut messages = consumer.stream().max_messages_per_batch(config.batch).messages().await?;
     info!(consumer = %config.consumer, "validator ready");
-    while let Some(message) = flowmesh_nats::consume::next(&mut messages, &mut shutdown).await {
-        handle(&handles.js, message, &config.instance, config.ack_wait).await;
-        verdicts += 1;
-        status
-            .set(serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }));
+    // Submissions are validated and their verdicts stored concurrently, up to `in_flight` at a
+    // time: no verdict waits for another's ack.
+    let mut in_flight = tokio::task::JoinSet::new();
+    loop {
+        if in_flight.len() >= config.in_flight.max(1) {
+            in_flight.join_next().await;
+            verdicts += 1;
+            continue;
+        }
+        tokio::select! {
+            next = flowmesh_nats::consume::next(&mut messages, &mut shutdown) => match next {
+                Some(message) => {
+                    let (js, instance) = (handles.js.clone(), config.instance.clone());
+                    in_flight.spawn(async move { handle(&js, message, &instance, config.ack_wait).await });
+                }
+                None => break,
+            },
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {
+                verdicts += 1;
+                status.set(serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }));
+            }
+        }
     }
+    while in_flight.join_next().await.is_some() {}
     info!("validator stopped");
     Ok(())
 }
@@ -99,7 +120,7 @@ async fn handle(js: &jetstream::Context, message: jetstream::Message, instance: 
     match outcome {
         Ok(event) => {
             info!(workflow_id = %event.body.scope().0, verdict = event.body.kind(), "verdict stored");
-            if let Err(e) = message.double_ack().await {
+            if let Err(e) = message.ack().await {
                 // The verdict is stored; a redelivery re-derives the same id and is deduplicated.
                 warn!(error = %e, "ack failed after the verdict was stored");
             }

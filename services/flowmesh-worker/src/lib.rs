@@ -363,7 +363,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 } else if reported {
                     shared.report(&event).await;
                 }
-                let _ = message.double_ack().await;
+                let _ = message.ack().await;
                 return;
             }
             Some(Entry::Accepted) | None => {}
@@ -381,7 +381,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         if shared.report(&event).await {
             let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
         }
-        if let Err(e) = message.double_ack().await {
+        if let Err(e) = message.ack().await {
             warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
         }
     }
@@ -417,7 +417,8 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         clock::now_rfc3339(),
         0,
     );
-    shared.report(&started).await;
+    // In flight while the task runs: it must be stored before anything else is reported.
+    let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
     let (trigger, cancel) = shutdown::channel();
     let trigger = Arc::new(trigger);
     let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -429,10 +430,10 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             handed_back: handed_back.clone(),
         },
     );
-    shared.heartbeat().await;
     let work_dir = shared.config.results_dir.join(&order.task_id);
     let output_dir = work_dir.join("output");
-    // Executors report progress on a channel; it becomes `task.updated` events, in order.
+    // Executors report progress on a channel; it becomes `task.updated` events, in order, after
+    // the start.
     let (updates_tx, mut updates_rx) = tokio::sync::mpsc::unbounded_channel::<executor::Update>();
     let forwarder = {
         let shared = shared.clone();
@@ -470,10 +471,21 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         };
         let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
         with_progress(message, shared.config.ack_wait, running).await
-    }
-    .await;
+    };
+    // The start's ack is taken while the task runs (one task, no spawn), and it is stored
+    // before the end is reported.
+    let start_stored = async {
+        match start {
+            Some(start) => start.stored(&shared.handles.js).await.is_ok(),
+            None => false,
+        }
+    };
+    let (outcome, start_stored) = tokio::join!(outcome, start_stored);
     drop(updates_tx);
     let _ = forwarder.await;
+    if !start_stored {
+        shared.report(&started).await;
+    }
     store_logs(shared, order, &work_dir).await;
     let task = task_ref(order);
     let outcome_name = match &outcome {
@@ -535,7 +547,6 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             *shared.idle_since_ms.lock().expect("idle lock") = Some(clock::now_ms());
         }
     }
-    shared.heartbeat().await;
     Event::new(body, clock::now_rfc3339(), 0)
 }
 

@@ -260,6 +260,17 @@ pub struct Report {
     pub raw: Option<RawReport>,
     /// `tasks_per_sec / raw.msgs_per_sec`.
     pub ratio_to_raw: Option<f64>,
+    /// Messages stored during the pipeline run, per stream (sequence growth, so work-queue and
+    /// bucket messages that were since removed or replaced count too).
+    #[serde(default)]
+    pub stored: BTreeMap<String, u64>,
+    /// All of `stored` divided by the completed workflows.
+    #[serde(default)]
+    pub stored_per_task: Option<f64>,
+    /// `tasks_per_sec × stored_per_task ÷ raw.msgs_per_sec`: the share of the raw ceiling that the
+    /// pipeline's own stored messages reach.
+    #[serde(default)]
+    pub efficiency: Option<f64>,
 }
 
 impl Report {
@@ -290,10 +301,18 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     } else {
         None
     };
+    let before = stream_sequences(js).await?;
     let (p, begin) = pipeline(js, &bodies, options.concurrency, options.timeout, stop).await?;
+    let after = stream_sequences(js).await?;
+    let stored: BTreeMap<String, u64> = after
+        .iter()
+        .map(|(name, seq)| (name.clone(), seq.saturating_sub(before.get(name).copied().unwrap_or(0))))
+        .collect();
+    let stored_per_task = (p.completed > 0).then(|| stored.values().sum::<u64>() as f64 / p.completed as f64);
     let wall_secs = p.last_end.saturating_duration_since(begin).as_secs_f64();
     let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
     let ratio_to_raw = raw.as_ref().filter(|r| r.msgs_per_sec > 0.0).map(|r| tasks_per_sec / r.msgs_per_sec);
+    let efficiency = ratio_to_raw.zip(stored_per_task).map(|(ratio, per_task)| ratio * per_task);
     Ok(Report {
         tasks: options.tasks,
         concurrency: options.concurrency,
@@ -312,7 +331,30 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         failures: p.failures.into_iter().take(FAILURES_KEPT).collect(),
         raw,
         ratio_to_raw,
+        stored,
+        stored_per_task,
+        efficiency,
     })
+}
+
+/// The last sequence of every stream the product stores messages in (streams, buckets, the
+/// object store), by name.
+async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
+    let names = [
+        subjects::SUBMISSIONS_STREAM.to_owned(),
+        subjects::EVENTS_STREAM.to_owned(),
+        subjects::WORK_STREAM.to_owned(),
+        format!("KV_{}", subjects::WORKERS_BUCKET),
+        format!("KV_{}", subjects::CONTROL_BUCKET),
+        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
+    ];
+    let mut sequences = BTreeMap::new();
+    for name in names {
+        let mut stream = js.get_stream(&name).await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?;
+        let last = stream.info().await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?.state.last_sequence;
+        sequences.insert(name, last);
+    }
+    Ok(sequences)
 }
 
 /// Waits until live workers serve every kind of the mix; returns how many live workers serve one.
@@ -744,6 +786,16 @@ pub fn render(r: &Report) -> String {
     if let Some(ratio) = r.ratio_to_raw {
         rows.push(vec!["ratio".to_owned(), format!("pipeline = {ratio:.3} × raw")]);
     }
+    if let Some(per_task) = r.stored_per_task {
+        let streams: Vec<String> = r.stored.iter().filter(|(_, n)| **n > 0).map(|(s, n)| format!("{s} {n}")).collect();
+        rows.push(vec!["stored/task".to_owned(), format!("{per_task:.2} ({})", streams.join(", "))]);
+    }
+    if let Some(efficiency) = r.efficiency {
+        rows.push(vec![
+            "efficiency".to_owned(),
+            format!("{:.1}% of raw (tasks/s × stored/task ÷ raw msgs/s)", efficiency * 100.0),
+        ]);
+    }
     let mut out = table::render(&["MEASURE", "VALUE"], &rows);
     out.push('\n');
     let mut latency = Vec::new();
@@ -877,6 +929,9 @@ mod tests {
                 publish_to_consume_ms: Some(p),
             }),
             ratio_to_raw: Some(0.0005),
+            stored: BTreeMap::from([("FLOWMESH_EVENTS".to_owned(), 20)]),
+            stored_per_task: Some(5.0),
+            efficiency: Some(0.0025),
         };
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
