@@ -188,3 +188,76 @@ async fn hostile_input_is_rejected_and_the_validator_keeps_serving() -> anyhow::
     world.shutdown().await;
     Ok(())
 }
+
+/// With the validators down and an operator's cap on the submissions stream, what the stream
+/// acknowledged is kept and what it cannot keep is refused to the submitter: never a silent loss.
+#[tokio::test]
+async fn a_full_submissions_stream_refuses_and_loses_nothing_it_acknowledged() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    let stream = flowmesh_nats::subjects::SUBMISSIONS_STREAM;
+    let mut config = world.handles.js.get_stream(stream).await?.info().await?.config.clone();
+    config.max_messages = 5;
+    world.handles.js.update_stream(&config).await?;
+
+    let (mut stored, mut refused) = (Vec::new(), Vec::new());
+    // What `flowmesh submit` does once connected (the CLI itself, like every client that runs
+    // the start-up check, refuses to work against limits other than its definition's).
+    for _ in 0..8 {
+        match flowmesh::submit::submit(&world.handles.js, example("valid/echo.yaml"), None).await {
+            Ok((workflow_id, _)) => stored.push(workflow_id),
+            Err(e) => refused.push(e.to_string()),
+        }
+    }
+    assert_eq!((stored.len(), refused.len()), (5, 3), "stored: {stored:?}\nrefused: {refused:?}");
+    assert!(
+        refused.iter().all(|e| e.contains("submission not stored") && e.contains("maximum messages")),
+        "{refused:?}"
+    );
+
+    // A service will not run against limits other than its definition's.
+    let err = flowmesh_nats::Handles::ensure(&world.client, &flowmesh_nats::Topology::load(1)?).await.err();
+    assert!(matches!(&err, Some(flowmesh_nats::EdgeError::Conflict { field: "max_msgs", .. })), "{err:?}");
+
+    // The operator lifts the cap; every acknowledged submission gets its verdict.
+    config.max_messages = -1;
+    world.handles.js.update_stream(&config).await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    world
+        .wait_for("a verdict for each stored submission", |events| {
+            (1..=5).all(|n| verdicts(events, &format!("wf-{n}")) == 1)
+        })
+        .await?;
+    Ok(())
+}
+
+/// A document that yields a problem per key gets one rejection, bounded in size, listing the
+/// first problems and counting the rest; later submissions are not held up behind it.
+#[tokio::test]
+async fn a_rejection_with_countless_problems_is_capped_and_stored() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let mut doc = String::from(
+        "apiVersion: flowmesh/v1\nkind: Workflow\nspec:\n  taskType: echo\n  data: {type: list, items: [a]}\n",
+    );
+    for n in 0..20_000 {
+        doc.push_str(&format!("  unknown_key_number_{n}: {n}\n"));
+    }
+    assert!(doc.len() > 500_000 && doc.len() < 1 << 20);
+    world.nats_pub(doc.as_bytes()).await?;
+    world.nats_pub(&example("valid/echo.yaml")).await?;
+    let events = world
+        .wait_for("both verdicts", |events| verdicts(events, "wf-1") == 1 && verdicts(events, "wf-2") == 1)
+        .await?;
+    let rejection = events
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::SubmissionRejected(r) if r.workflow_id == "wf-1" => Some(r),
+            _ => None,
+        })
+        .expect("wf-1 is rejected");
+    assert_eq!(rejection.errors.len(), flowmesh_domain::problem::MAX_LISTED + 1);
+    let last = rejection.errors.last().unwrap();
+    assert!(last.message.starts_with("and ") && last.message.contains("more problems not listed"), "{last:?}");
+    assert!(serde_json::to_vec(rejection)?.len() < 256 * 1024);
+    Ok(())
+}

@@ -38,3 +38,62 @@ pub fn push(path: &str, token: impl std::fmt::Display) -> String {
     let token = token.to_string().replace('~', "~0").replace('/', "~1");
     if path == "/" { format!("/{token}") } else { format!("{path}/{token}") }
 }
+
+/// Problems a rejection lists; the rest are counted.
+pub const MAX_LISTED: usize = 100;
+/// The longest path or message a rejection keeps (in bytes, cut at a character boundary).
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// The problems a rejection carries: the first [`MAX_LISTED`] (in the order given), each path and
+/// message cut to [`MAX_TEXT_BYTES`], and, when some were left out, a last problem at `/` that
+/// counts them. So a rejection stays far below the event size limit whatever the document held
+/// (100 × 2 KiB of text at most).
+pub fn cap(mut problems: Vec<Problem>) -> Vec<Problem> {
+    let more = problems.len().saturating_sub(MAX_LISTED);
+    problems.truncate(MAX_LISTED);
+    for p in &mut problems {
+        cut(&mut p.path);
+        cut(&mut p.message);
+    }
+    if more > 0 {
+        problems.push(Problem::new("/", format!("and {more} more problems not listed (the first {MAX_LISTED} are)")));
+    }
+    problems
+}
+
+fn cut(text: &mut String) {
+    if text.len() > MAX_TEXT_BYTES {
+        let mut end = MAX_TEXT_BYTES - "…".len();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejection_lists_a_bounded_number_of_bounded_problems() {
+        let many = |n: usize, len: usize| -> Vec<Problem> {
+            (0..n).map(|i| Problem::new(format!("/k{i}"), "é".repeat(len))).collect()
+        };
+        for (n, len, listed, last) in [
+            (0, 1, 0, None),
+            (3, 1, 3, Some("/k2")),
+            (100, 1, 100, Some("/k99")),
+            (101, 1, 101, Some("and 1 more problems not listed (the first 100 are)")),
+            (50_000, 4000, 101, Some("and 49900 more problems not listed (the first 100 are)")),
+        ] {
+            let capped = cap(many(n, len));
+            assert_eq!(capped.len(), listed, "{n} problems");
+            let shown = capped.last().map(|p| if p.path == "/" { p.message.as_str() } else { p.path.as_str() });
+            assert_eq!(shown, last, "{n} problems");
+            assert!(capped.iter().all(|p| p.message.len() <= MAX_TEXT_BYTES && p.path.len() <= MAX_TEXT_BYTES));
+            assert!(serde_json::to_vec(&capped).unwrap().len() < 256 * 1024);
+        }
+    }
+}

@@ -89,9 +89,12 @@ fn transient_cause(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// JetStream's own answer that it cannot serve the call right now.
+/// JetStream's own answer that it cannot serve the call right now. A stream at its limits or a
+/// server out of storage also answers 503, but waiting out a failover does not change that: the
+/// caller is told at once.
 fn unavailable(e: &jetstream::Error) -> bool {
-    e.code() == 503
+    let full = [ErrorCode::STREAM_STORE_FAILED, ErrorCode::INSUFFICIENT_RESOURCES].contains(&e.error_code());
+    !full && e.code() == 503
         || [
             ErrorCode::CLUSTER_NOT_AVAILABLE,
             ErrorCode::CLUSTER_NOT_LEADER,
@@ -120,12 +123,22 @@ mod tests {
             (context::PublishError::new(PublishErrorKind::TimedOut).into(), true),
             (context::PublishError::new(PublishErrorKind::WrongLastSequence).into(), false),
             (anyhow::anyhow!("stream FLOWMESH_EVENTS not found"), false),
+            (js_error(503, 10008, "jetstream cluster not available").into(), true),
+            (js_error(503, 0, "no leader").into(), true),
+            (js_error(503, 10077, "maximum messages exceeded").into(), false),
+            (js_error(503, 10023, "insufficient resources").into(), false),
             // Wrapped with context: the cause still decides.
             (anyhow::Error::from(stream::ConsumerError::new(ConsumerErrorKind::Request)).context("opening"), true),
         ];
         for (error, want) in cases {
             assert_eq!(is_transient(&error), want, "{error:#}");
         }
+    }
+
+    /// An error as JetStream answers it.
+    fn js_error(code: u16, err_code: u64, description: &str) -> jetstream::Error {
+        serde_json::from_value(serde_json::json!({"code": code, "err_code": err_code, "description": description}))
+            .expect("a JetStream error")
     }
 
     const QUICK: Duration = Duration::from_millis(1);

@@ -168,6 +168,14 @@ fn compare_stream(want: &stream::Config, have: &stream::Config) -> Result<(), Ed
     if want.discard != have.discard {
         return Err(conflict("stream", name, "discard", want.discard, have.discard));
     }
+    // Limits decide what is refused; with `discard: old` they would silently drop acknowledged
+    // submissions, so a stream whose limits differ from `streams/` is a conflict too.
+    if want.max_messages != have.max_messages {
+        return Err(conflict("stream", name, "max_msgs", want.max_messages, have.max_messages));
+    }
+    if want.max_bytes != have.max_bytes {
+        return Err(conflict("stream", name, "max_bytes", want.max_bytes, have.max_bytes));
+    }
     if want.max_age != have.max_age {
         return Err(conflict("stream", name, "max_age", want.max_age, have.max_age));
     }
@@ -186,7 +194,17 @@ fn compare_stream(want: &stream::Config, have: &stream::Config) -> Result<(), Ed
 }
 
 async fn ensure_stream(js: &jetstream::Context, config: &stream::Config) -> Result<(), EdgeError> {
-    if let Some(have) = existing(js, &config.name).await? {
+    if let Some(mut have) = existing(js, &config.name).await? {
+        // The one change made in place: an older deployment's `discard: old` becomes `new` (the
+        // stream then refuses when full instead of dropping what it had acknowledged; nothing
+        // stored changes).
+        if have.discard == stream::DiscardPolicy::Old && config.discard == stream::DiscardPolicy::New {
+            have.discard = stream::DiscardPolicy::New;
+            js.update_stream(&have)
+                .await
+                .map_err(|e| EdgeError::transient(format!("setting discard new on {}", config.name), e))?;
+            tracing::info!(stream = %config.name, "discard policy upgraded from old to new");
+        }
         return compare_stream(config, &have);
     }
     match js.create_stream(config.clone()).await {
@@ -269,4 +287,38 @@ async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<()
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A running stream that differs from its definition where behaviour changes is a conflict
+    /// naming the field; replicas and descriptions may differ.
+    #[test]
+    fn streams_that_differ_where_it_matters_are_conflicts() {
+        let topology = Topology::load(1).unwrap();
+        let want = topology.streams.iter().find(|s| s.name == subjects::SUBMISSIONS_STREAM).unwrap().clone();
+        assert_eq!(want.discard, stream::DiscardPolicy::New, "a full submissions stream refuses, never drops");
+        let cases: Vec<(&str, Box<dyn Fn(&mut stream::Config)>, Option<&str>)> = vec![
+            ("the same", Box::new(|_| {}), None),
+            ("more replicas", Box::new(|c| c.num_replicas = 3), None),
+            ("another description", Box::new(|c| c.description = Some("x".into())), None),
+            ("discard old", Box::new(|c| c.discard = stream::DiscardPolicy::Old), Some("discard")),
+            ("an operator's max_msgs", Box::new(|c| c.max_messages = 100), Some("max_msgs")),
+            ("an operator's max_bytes", Box::new(|c| c.max_bytes = 1 << 20), Some("max_bytes")),
+            ("another age", Box::new(|c| c.max_age = Duration::from_secs(60)), Some("max_age")),
+            ("other subjects", Box::new(|c| c.subjects = vec!["x".into()]), Some("subjects")),
+        ];
+        for (what, change, field) in cases {
+            let mut have = want.clone();
+            change(&mut have);
+            let found = match compare_stream(&want, &have) {
+                Ok(()) => None,
+                Err(EdgeError::Conflict { field, .. }) => Some(field),
+                Err(e) => panic!("{what}: {e}"),
+            };
+            assert_eq!(found, field, "{what}");
+        }
+    }
 }

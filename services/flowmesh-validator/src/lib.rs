@@ -178,7 +178,7 @@ pub fn verdict_event(
         EventBody::SubmissionRejected(SubmissionRejected {
             workflow_id: workflow_id.clone(),
             submission: submission.clone(),
-            errors,
+            errors: flowmesh_domain::problem::cap(errors),
         })
     };
     let body = match verdict {
