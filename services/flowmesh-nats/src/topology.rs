@@ -300,7 +300,8 @@ mod tests {
         let topology = Topology::load(1).unwrap();
         let want = topology.streams.iter().find(|s| s.name == subjects::SUBMISSIONS_STREAM).unwrap().clone();
         assert_eq!(want.discard, stream::DiscardPolicy::New, "a full submissions stream refuses, never drops");
-        let cases: Vec<(&str, Box<dyn Fn(&mut stream::Config)>, Option<&str>)> = vec![
+        type Change = Box<dyn Fn(&mut stream::Config)>;
+        let cases: Vec<(&str, Change, Option<&str>)> = vec![
             ("the same", Box::new(|_| {}), None),
             ("more replicas", Box::new(|c| c.num_replicas = 3), None),
             ("another description", Box::new(|c| c.description = Some("x".into())), None),
