@@ -176,6 +176,28 @@ async fn a_nats_server_restart_mid_task_loses_nothing() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An outage longer than the workers' TTL is the server's, not the workers': after the router
+/// regains contact it gives every worker a TTL to be heard again before judging it, so nothing
+/// is declared lost and nothing runs twice.
+#[tokio::test]
+async fn a_nats_outage_longer_than_the_ttl_loses_no_worker_and_reruns_nothing() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: outage}\nspec:\n  taskType: python\n  command: 'sleep 10; echo survived'\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    world.wait_for("the task to start", |events| kinds(events).contains(&"task.started")).await?;
+    // The outage itself is the scenario: twice the worker's 4 s TTL.
+    world.server.restart_after(None, std::time::Duration::from_secs(8)).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let all = world.events();
+    assert!(!kinds(&all).contains(&"worker.lost"), "{:?}", kinds(&all));
+    assert!(!kinds(&events).contains(&"task.requeued"), "{:?}", kinds(&events));
+    assert_eq!(events.iter().filter(|e| e.body.kind() == "task.started").count(), 1, "{:?}", kinds(&events));
+    world.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_python_stage_reads_its_upstream_inputs() -> anyhow::Result<()> {
     let mut world = World::start().await?;

@@ -99,6 +99,10 @@ struct Router {
     lease_seen: Option<lease::Seen>,
     /// Messages of the log skipped as unreadable (`Event::read`): never folded.
     unreadable: u64,
+    /// The connection to NATS was seen down, or a lease call failed, since the last contact.
+    out_of_contact: bool,
+    /// When contact with NATS was last regained (router clock); 0 before any outage.
+    contact_since_ms: u64,
 }
 
 /// Runs until `shutdown` fires.
@@ -144,6 +148,8 @@ pub async fn run(
         requests: schedule::Requests::default(),
         lease_seen: None,
         unreadable: 0,
+        out_of_contact: false,
+        contact_since_ms: 0,
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
@@ -187,6 +193,8 @@ pub async fn run(
             },
             _ = lease_tick.tick() => router.renew_lease().await,
             _ = tick.tick() => {
+                let connected = router.client.connection_state() == async_nats::connection::State::Connected;
+                router.note_contact(connected);
                 status.set(router.status());
                 router.resend_cancels().await;
                 if let Some(c) = checkpoint.as_mut()
@@ -276,7 +284,7 @@ impl Router {
             .flat_map(|w| w.tasks.iter())
             .filter(|t| t.status == TaskStatus::Pending)
             .count();
-        let live = self.fleet.values().filter(|s| Self::is_live(s, now)).count();
+        let live = self.fleet.values().filter(|s| self.is_live(s, now)).count();
         metrics::gauge!("flowmesh_router_leader").set(if self.leader { 1.0 } else { 0.0 });
         metrics::gauge!("flowmesh_tasks_pending").set(pending as f64);
         metrics::gauge!("flowmesh_workflows_running").set(running as f64);
@@ -297,14 +305,34 @@ impl Router {
         self.state.last_seq >= self.target_seq
     }
 
-    fn is_live(seen: &Seen, now_ms: u64) -> bool {
-        !seen.left && now_ms.saturating_sub(seen.updated_ms) <= seen.snapshot.ttl_sec * 1000
+    /// A worker is live while its last snapshot is younger than its TTL, its age counted at the
+    /// earliest from when this router last regained contact with NATS: while the router could not
+    /// hear anyone, no worker could be heard, and that silence is no worker's fault.
+    fn is_live(&self, seen: &Seen, now_ms: u64) -> bool {
+        let heard = seen.updated_ms.max(self.contact_since_ms);
+        !seen.left && now_ms.saturating_sub(heard) <= seen.snapshot.ttl_sec * 1000
+    }
+
+    /// Notes whether the router can reach NATS now; regaining contact starts every worker's
+    /// grace period (`is_live`).
+    fn note_contact(&mut self, connected: bool) {
+        if !connected {
+            self.out_of_contact = true;
+        } else if self.out_of_contact {
+            self.out_of_contact = false;
+            self.contact_since_ms = clock::now_ms();
+            info!("contact with NATS regained; workers get a TTL to be heard before they are judged");
+        }
     }
 
     async fn renew_lease(&mut self) {
         let ttl_ms = self.config.lease_ttl.as_millis() as u64;
         let (control, me) = (&self.handles.control, &self.config.instance);
-        match lease::acquire(control, me, ttl_ms, clock::now_ms(), &mut self.lease_seen).await {
+        let acquired = lease::acquire(control, me, ttl_ms, clock::now_ms(), &mut self.lease_seen).await;
+        if acquired.is_ok() {
+            self.note_contact(true);
+        }
+        match acquired {
             Ok(true) if !self.leader => {
                 info!(instance = %self.config.instance, "took the router lease");
                 self.leader = true;
@@ -316,6 +344,7 @@ impl Router {
             }
             Ok(_) => {}
             Err(e) => {
+                self.note_contact(false);
                 warn!(error = %e, "lease check failed");
                 if self.leader {
                     warn!("standing by until the lease can be renewed");
@@ -365,7 +394,7 @@ impl Router {
         let mut fleet_events = Vec::new();
         for (id, seen) in &self.fleet {
             let incarnation = &seen.snapshot.started_at;
-            if Self::is_live(seen, now) {
+            if self.is_live(seen, now) {
                 if self.state.joined_workers.get(id) != Some(incarnation) {
                     fleet_events.push(EventBody::WorkerJoined(WorkerJoined {
                         worker_id: id.clone(),
@@ -396,7 +425,7 @@ impl Router {
         }
         self.publish_all(fleet_events).await?;
         let live: Vec<&WorkerSnapshot> =
-            self.fleet.values().filter(|s| Self::is_live(s, now)).map(|s| &s.snapshot).collect();
+            self.fleet.values().filter(|s| self.is_live(s, now)).map(|s| &s.snapshot).collect();
         if !self.resent_after_takeover {
             self.resend_dispatched().await?;
             self.resent_after_takeover = true;

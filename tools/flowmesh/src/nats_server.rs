@@ -106,7 +106,14 @@ impl NatsServer {
 
     /// Starts the server again on the same port and store.
     pub async fn restart(&mut self, binary: Option<&Path>) -> anyhow::Result<()> {
+        self.restart_after(binary, Duration::ZERO).await
+    }
+
+    /// Stops the server, keeps it down for `outage`, and starts it again on the same port and
+    /// store: what clients see of a long NATS outage.
+    pub async fn restart_after(&mut self, binary: Option<&Path>, outage: Duration) -> anyhow::Result<()> {
         self.stop().await;
+        tokio::time::sleep(outage).await;
         let again = NatsServer::start(binary, &self.store_dir.clone(), Some(self.port)).await?;
         *self = again;
         Ok(())
