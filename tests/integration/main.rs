@@ -12,4 +12,5 @@ mod security;
 mod skeleton;
 mod ssh;
 mod validator;
+mod verbs;
 mod worker;

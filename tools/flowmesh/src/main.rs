@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cmd;
+
 #[derive(Parser)]
 #[command(name = "flowmesh", version, about = "FlowMesh on NATS: put every ML task on a worker that can really run it")]
 struct Cli {
@@ -207,6 +209,12 @@ enum TaskCommand {
     },
     /// One task's whole state.
     Info { id: String },
+    /// Follow one task until it ends; print its result.
+    Watch {
+        id: String,
+        #[arg(long, default_value_t = 600)]
+        timeout_sec: u64,
+    },
     /// A task's captured output: stored logs, or live output with --follow while it runs.
     Logs {
         id: String,
@@ -217,11 +225,23 @@ enum TaskCommand {
         stderr: bool,
     },
     /// Stop one task (its worker kills the executor; a queued task is never dispatched).
+    #[command(visible_alias = "stop")]
     Cancel { id: String },
 }
 
 #[derive(Subcommand)]
 enum WorkflowCommand {
+    /// Submit a workflow document (as `flowmesh submit`).
+    Submit(SubmitArgs),
+    /// Check documents offline (as `flowmesh validate`).
+    Validate {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every task's captured output: stored, downloaded (--download DIR) or live (--follow).
+    Logs(cmd::logs::Args),
     List {
         #[arg(long)]
         status: Option<String>,
@@ -253,6 +273,8 @@ enum ResultCommand {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// A task's results, logs and artifacts as one .tgz bundle, digests verified.
+    Download(cmd::download::Args),
 }
 
 #[derive(Subcommand)]
@@ -344,6 +366,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             flowmesh_worker::run(config, client, handles, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Workflow { command: WorkflowCommand::Validate { files, json } } => Ok(validate_command(&files, json)),
+        Command::Workflow { command: WorkflowCommand::Submit(args) } => submit_command(&cli.nats, args).await,
         Command::Workflow { command } => workflow_command(&cli.nats, command).await,
         Command::Task { command } => task_command(&cli.nats, command).await,
         Command::Completions { shell } => {
@@ -370,6 +394,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Result { command: ResultCommand::Download(args) } => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::download::run(&handles.js, args).await
         }
         Command::Result { command: ResultCommand::Fetch { task, out } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
@@ -612,8 +640,12 @@ async fn operate(js: &async_nats::jetstream::Context, body: EventBody) -> anyhow
 }
 
 async fn workflow_command(nats: &NatsArgs, command: WorkflowCommand) -> anyhow::Result<ExitCode> {
-    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let (client, handles) = nats.handles("flowmesh-cli").await?;
     match command {
+        // FlowMesh's spellings of the top-level verbs; `run` sends them there.
+        WorkflowCommand::Submit(args) => return submit_command(nats, args).await,
+        WorkflowCommand::Validate { files, json } => return Ok(validate_command(&files, json)),
+        WorkflowCommand::Logs(args) => return cmd::logs::run(&client, &handles.js, args).await,
         WorkflowCommand::List { status, owner, json } => {
             let state = log::fold(&handles.js, format!("{}.*._.submission.>", subjects::EVENTS_PREFIX)).await?;
             let mut full = flowmesh_domain::state::State::default();
@@ -698,8 +730,11 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
                 print!("{}", views::task_table(&tasks));
             }
         }
+        TaskCommand::Watch { id, timeout_sec } => {
+            return cmd::task_watch::run(&handles.js, &id, Duration::from_secs(timeout_sec)).await;
+        }
         TaskCommand::Info { id } => {
-            let state = log::fold(&handles.js, subjects::task_events(&id)).await?;
+            let state = log::fold_task(&handles.js, &id).await?;
             let task = state.task(&id).ok_or_else(|| anyhow::anyhow!("no task {id}"))?;
             println!("{}", serde_json::to_string_pretty(task)?);
         }
@@ -719,7 +754,7 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
             tokio::io::copy(&mut reader, &mut out).await?;
         }
         TaskCommand::Cancel { id } => {
-            let state = log::fold(&handles.js, subjects::task_events(&id)).await?;
+            let state = log::fold_task(&handles.js, &id).await?;
             let task = state.task(&id).ok_or_else(|| anyhow::anyhow!("no task {id}"))?;
             let workflow_id = state
                 .workflows
@@ -852,6 +887,7 @@ async fn dev_command(args: DevArgs) -> anyhow::Result<ExitCode> {
         worker_hw,
         nats_server: args.nats_server,
         port: args.port,
+        no_worker_grace: Duration::from_secs(args.no_worker_grace_sec),
         ..Default::default()
     };
     let mut stack = dev::Stack::start(options).await?;
