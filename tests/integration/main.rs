@@ -9,6 +9,7 @@ mod graph;
 mod observability;
 mod router;
 mod security;
+mod serve;
 mod skeleton;
 mod ssh;
 mod validator;

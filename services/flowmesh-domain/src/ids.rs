@@ -5,6 +5,11 @@ pub fn workflow_id(submission_seq: u64) -> String {
     format!("wf-{submission_seq}")
 }
 
+/// The submission sequence a workflow id was made from (`7` of `wf-7`).
+pub fn submission_seq(workflow_id: &str) -> Option<u64> {
+    workflow_id.strip_prefix("wf-")?.parse().ok()
+}
+
 /// The task id of a stage: unique, stable, and usable as a NATS subject token and object prefix.
 pub fn task_id(workflow_id: &str, stage: &str) -> String {
     format!("{workflow_id}-{stage}")

@@ -12,6 +12,7 @@ pub mod placement;
 pub mod problem;
 pub mod schedule;
 pub mod schema;
+pub mod secret;
 pub mod state;
 pub mod template;
 pub mod units;

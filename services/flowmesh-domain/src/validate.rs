@@ -236,6 +236,8 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             .and_then(Value::as_u64)
             .map(|n| n.clamp(1, 100) as u32)
             .unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        let mut merged = merged;
+        crate::secret::redact(&mut merged);
         tasks.push(TaskDef {
             task_id: ids::task_id(workflow_id, &stage.name),
             stage: stage.name.clone(),
@@ -259,6 +261,21 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         owner: text("owner"),
         tasks,
     })
+}
+
+/// Each stage's name and merged spec, as `validate_document` expands them (no checks).
+pub(crate) fn stage_specs(doc: &Value) -> Vec<(String, Value)> {
+    let Some(spec) = doc.get("spec").filter(|s| s.is_object()) else {
+        return Vec::new();
+    };
+    let (root, stages) = split_stages(spec);
+    stages
+        .into_iter()
+        .map(|stage| {
+            let merged = if stage.spec_path == "/spec" { root.clone() } else { deep_merge(&root, &stage.spec) };
+            (stage.name, merged)
+        })
+        .collect()
 }
 
 /// Problems in a stable order: by path, then message.

@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod lease;
+mod secrets;
 
 use async_nats::jetstream::{self, consumer, kv};
 use flowmesh_domain::event::{WorkerJoined, WorkerLost};
@@ -381,7 +382,12 @@ impl Router {
         for action in actions {
             match action {
                 Action::Publish(body) => self.publish(body).await?,
-                Action::Dispatch { event, order } => {
+                Action::Dispatch { event, mut order } => {
+                    // A task whose secret cannot be read yet stays waiting; others go ahead.
+                    if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
+                        warn!(task_id = %order.task_id, error = %e, "secret not readable; dispatch deferred");
+                        continue;
+                    }
                     let worker = event.worker_id.clone();
                     self.publish(EventBody::TaskDispatched(event)).await?;
                     self.send_order(&worker, &order).await?;
@@ -409,7 +415,11 @@ impl Router {
                     continue;
                 };
                 if let Ok(spec) = schedule::resolve_spec(wf, t) {
-                    self.send_order(worker, &schedule::work_order(wf, t, spec)).await?;
+                    let mut order = schedule::work_order(wf, t, spec);
+                    if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
+                        return Err(EdgeError::transient(order.msg_id(), std::io::Error::other(e)));
+                    }
+                    self.send_order(worker, &order).await?;
                 }
             }
         }
