@@ -5,6 +5,7 @@ mod binaries;
 mod chaos;
 mod cli;
 mod dev;
+mod fleet_ops;
 mod graph;
 mod observability;
 mod router;

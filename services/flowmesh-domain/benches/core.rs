@@ -163,7 +163,7 @@ fn main() {
         let workers = fleet(n, &mut rng);
         let idle: Vec<Candidate<'_>> = workers
             .iter()
-            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false })
+            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false, draining: false })
             .collect();
         // 90% of the workers have every slot taken: the walk has to go further to find a free one.
         let busy: Vec<Candidate<'_>> = workers
@@ -174,6 +174,7 @@ fn main() {
                 batch_in_use: if i % 10 == 0 { 0 } else { 4 },
                 service_in_use: 0,
                 cordoned: false,
+                draining: false,
             })
             .collect();
         let started = Instant::now();
@@ -261,7 +262,7 @@ fn main() {
         });
         let candidates: Vec<Candidate<'_>> = workers
             .iter()
-            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false })
+            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false, draining: false })
             .collect();
         let index = FleetIndex::new(&candidates);
         let busy_requests: Vec<_> = state

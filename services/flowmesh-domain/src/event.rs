@@ -231,6 +231,9 @@ pub enum EventBody {
     WorkerCordoned(WorkerCordon),
     #[serde(rename = "worker.uncordoned")]
     WorkerUncordoned(WorkerCordon),
+    /// An operator asked the worker to drain: no new work; what runs finishes. Uncordoning ends it.
+    #[serde(rename = "worker.drain_requested")]
+    WorkerDrainRequested(WorkerCordon),
 }
 
 /// The subject token used when an event has no workflow (fleet events) or no task.
@@ -261,6 +264,7 @@ impl EventBody {
             EventBody::WorkerLost(_) => "worker.lost",
             EventBody::WorkerCordoned(_) => "worker.cordoned",
             EventBody::WorkerUncordoned(_) => "worker.uncordoned",
+            EventBody::WorkerDrainRequested(_) => "worker.drain_requested",
         }
     }
 
@@ -285,7 +289,8 @@ impl EventBody {
             | EventBody::WorkerJoined(_)
             | EventBody::WorkerLost(_)
             | EventBody::WorkerCordoned(_)
-            | EventBody::WorkerUncordoned(_) => None,
+            | EventBody::WorkerUncordoned(_)
+            | EventBody::WorkerDrainRequested(_) => None,
         }
     }
 
@@ -305,7 +310,9 @@ impl EventBody {
             }
             EventBody::WorkerJoined(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
             EventBody::WorkerLost(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
-            EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) | EventBody::WorkerDrainRequested(e) => {
+                (FLEET_SCOPE.into(), e.worker_id.clone())
+            }
             _ => (NO_SCOPE.into(), NO_SCOPE.into()),
         }
     }
@@ -339,6 +346,9 @@ impl EventBody {
             }
             EventBody::WorkerUncordoned(e) => {
                 format!("worker.{}.uncordon.{sequence_hint}", e.worker_id)
+            }
+            EventBody::WorkerDrainRequested(e) => {
+                format!("worker.{}.drain.{sequence_hint}", e.worker_id)
             }
         }
     }

@@ -18,6 +18,17 @@ pub struct Request {
     pub gpu: GpuRequest,
     /// Only these workers may take it (`schedule_hint.selected_worker`).
     pub selected: Option<Vec<String>>,
+    /// The spec's `workerTags` selector: each term a tag the worker must have (`gpu-pool`) or,
+    /// with a leading `!`, must not have (`!spot`).
+    pub tags: Vec<String>,
+}
+
+/// Whether a worker's tags satisfy every term of a `workerTags` selector.
+pub fn tags_match(selector: &[String], worker_tags: &[String]) -> bool {
+    selector.iter().all(|term| match term.strip_prefix('!') {
+        Some(forbidden) => !worker_tags.iter().any(|t| t == forbidden),
+        None => worker_tags.iter().any(|t| t == term),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -71,7 +82,15 @@ pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>)
             },
         },
     };
-    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected })
+    let tags = match spec.get("workerTags") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(terms)) => terms
+            .iter()
+            .map(|t| t.as_str().map(str::to_owned).ok_or_else(|| format!("workerTags holds {t}, not a tag")))
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(format!("workerTags must be a list of tags, found {other}")),
+    };
+    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected, tags })
 }
 
 /// What the scheduler knows of a worker beyond its snapshot.
@@ -82,6 +101,8 @@ pub struct Candidate<'a> {
     pub batch_in_use: u32,
     pub service_in_use: u32,
     pub cordoned: bool,
+    /// An operator asked it to drain (`flowmesh worker drain`): no new work, running work finishes.
+    pub draining: bool,
 }
 
 /// Why one worker cannot take a task. The order of the variants is the order of the checks.
@@ -89,6 +110,7 @@ pub struct Candidate<'a> {
 pub enum Exclusion {
     NotSelected,
     TaskType,
+    Tags,
     Cpu { have: f64, need: f64 },
     Memory { have: u64, need: u64 },
     Gpu { matching: u32, need: u32 },
@@ -104,6 +126,7 @@ impl Exclusion {
             self,
             Exclusion::NotSelected
                 | Exclusion::TaskType
+                | Exclusion::Tags
                 | Exclusion::Cpu { .. }
                 | Exclusion::Memory { .. }
                 | Exclusion::Gpu { .. }
@@ -115,6 +138,7 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => "not_selected",
             Exclusion::TaskType => "task_type",
+            Exclusion::Tags => "tags",
             Exclusion::Cpu { .. } => "cpu",
             Exclusion::Memory { .. } => "memory",
             Exclusion::Gpu { .. } => "gpu",
@@ -130,6 +154,7 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => format!("{is} not in selected_worker"),
             Exclusion::TaskType => format!("{do_} not serve task type {:?}", request.task_type),
+            Exclusion::Tags => format!("{do_} not match workerTags [{}]", request.tags.join(", ")),
             Exclusion::Cpu { have, need } => format!("{has} {have} of {need} CPU cores"),
             Exclusion::Memory { have, need } => {
                 format!("{has} {} of {} memory", format_bytes(*have), format_bytes(*need))
@@ -178,10 +203,13 @@ pub fn explain(request: &Request, c: &Candidate<'_>) -> Vec<Exclusion> {
     out
 }
 
-/// The checks after selection and task type, in order: CPU and memory (clamped by the ssh caps
-/// for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
+/// The checks after selection and task type, in order: worker tags, CPU and memory (clamped by
+/// the ssh caps for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
 fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[String], note: &mut dyn FnMut(Exclusion)) {
     let w = c.snapshot;
+    if !tags_match(&request.tags, &w.tags) {
+        note(Exclusion::Tags);
+    }
     let ssh_caps = if request.task_type == "ssh" { w.ssh_limits } else { None };
     let mut cores = f64::from(w.hardware.cpu_cores);
     let mut memory = w.hardware.memory_bytes;
@@ -204,7 +232,7 @@ fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[Stri
     if c.cordoned {
         note(Exclusion::Cordoned);
     }
-    if w.status == WorkerStatus::Draining {
+    if c.draining || w.status == WorkerStatus::Draining {
         note(Exclusion::Draining);
     }
     let service = uses_service_slot(&request.task_type);
@@ -345,6 +373,7 @@ struct RequestKey {
     gpu_kind: Option<String>,
     gpu_memory_bytes: u64,
     selected: Option<Vec<String>>,
+    tags: Vec<String>,
 }
 
 impl RequestKey {
@@ -357,6 +386,7 @@ impl RequestKey {
             gpu_kind: r.gpu.kind.clone(),
             gpu_memory_bytes: r.gpu.memory_bytes,
             selected: r.selected.clone(),
+            tags: r.tags.clone(),
         }
     }
 }
@@ -667,12 +697,13 @@ fn exclusion_rank(e: &Exclusion) -> usize {
     match e {
         Exclusion::NotSelected => 0,
         Exclusion::TaskType => 1,
-        Exclusion::Cpu { .. } => 2,
-        Exclusion::Memory { .. } => 3,
-        Exclusion::Gpu { .. } => 4,
-        Exclusion::Cordoned => 5,
-        Exclusion::Draining => 6,
-        Exclusion::NoFreeSlot { .. } => 7,
+        Exclusion::Tags => 2,
+        Exclusion::Cpu { .. } => 3,
+        Exclusion::Memory { .. } => 4,
+        Exclusion::Gpu { .. } => 5,
+        Exclusion::Cordoned => 6,
+        Exclusion::Draining => 7,
+        Exclusion::NoFreeSlot { .. } => 8,
     }
 }
 

@@ -101,6 +101,7 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
                 batch_in_use: batch,
                 service_in_use: service,
                 cordoned: state.cordoned.contains(&w.id),
+                draining: state.draining.contains(&w.id),
             }
         })
         .collect();

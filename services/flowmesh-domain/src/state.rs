@@ -119,7 +119,10 @@ pub struct State {
     /// Worker id → the `started_at` of the incarnation last seen joining.
     pub joined_workers: BTreeMap<String, String>,
     pub cordoned: BTreeSet<String>,
-    /// Cordon/uncordon events seen, to derive the next one's id.
+    /// Workers an operator asked to drain (until uncordoned).
+    #[serde(default)]
+    pub draining: BTreeSet<String>,
+    /// Cordon/uncordon/drain events seen, to derive the next one's id.
     pub cordon_events: u64,
     /// The last stream sequence folded in (for checkpoints).
     pub last_seq: u64,
@@ -271,6 +274,12 @@ impl State {
             EventBody::WorkerUncordoned(e) => {
                 self.cordon_events += 1;
                 self.cordoned.remove(&e.worker_id);
+                self.draining.remove(&e.worker_id);
+                Applied::Changed
+            }
+            EventBody::WorkerDrainRequested(e) => {
+                self.cordon_events += 1;
+                self.draining.insert(e.worker_id.clone());
                 Applied::Changed
             }
         }

@@ -188,8 +188,11 @@ enum WorkerCommand {
     Info { id: String },
     /// Stop placing new work on a worker.
     Cordon { id: String },
-    /// Place work on a worker again.
+    /// Place work on a worker again (also ends a drain).
     Uncordon { id: String },
+    /// Stop placing new work on a worker and let what it runs finish; `worker list` shows
+    /// `draining (N running)`, then `drained` (safe to stop it).
+    Drain { id: String },
 }
 
 #[derive(Subcommand)]
@@ -470,7 +473,8 @@ async fn plan_command(nats: &NatsArgs, file: &PathBuf, strategy: &str, json: boo
     let live: Vec<_> =
         views::workers(&handles.js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).map(|(w, _)| w).collect();
     let fleet_state = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;
-    let plans = flowmesh::plan::plan(&workflow, &live, &fleet_state.cordoned, strategy, clock::now_ms());
+    let plans =
+        flowmesh::plan::plan(&workflow, &live, &fleet_state.cordoned, &fleet_state.draining, strategy, clock::now_ms());
     if json {
         println!("{}", serde_json::to_string_pretty(&plans)?);
     } else {
@@ -598,12 +602,23 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
     match command {
         WorkerCommand::List { json } => {
             let workers = views::workers(&handles.js).await?;
+            let fleet = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;
             if json {
-                let list: Vec<_> =
-                    workers.iter().map(|(w, age)| serde_json::json!({ "snapshot": w, "age_sec": age })).collect();
+                let list: Vec<_> = workers
+                    .iter()
+                    .map(|(w, age)| {
+                        serde_json::json!({
+                            "snapshot": w,
+                            "age_sec": age,
+                            "cordoned": fleet.cordoned.contains(&w.id),
+                            "draining": fleet.draining.contains(&w.id),
+                            "status": views::worker_status(w, &fleet),
+                        })
+                    })
+                    .collect();
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                views::print_workers(&workers);
+                views::print_workers(&workers, &fleet);
             }
         }
         WorkerCommand::Info { id } => {
@@ -614,7 +629,7 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
                 .ok_or_else(|| anyhow::anyhow!("no worker {id:?} in {}", subjects::WORKERS_BUCKET))?;
             println!("{}", serde_json::to_string_pretty(w)?);
         }
-        WorkerCommand::Cordon { id } | WorkerCommand::Uncordon { id }
+        WorkerCommand::Cordon { id } | WorkerCommand::Uncordon { id } | WorkerCommand::Drain { id }
             if !flowmesh_domain::ids::is_valid_worker_id(&id) =>
         {
             anyhow::bail!("{id:?} is not a worker id");
@@ -626,6 +641,10 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
         WorkerCommand::Uncordon { id } => {
             operate(&handles.js, EventBody::WorkerUncordoned(WorkerCordon { worker_id: id.clone() })).await?;
             println!("{id} uncordoned");
+        }
+        WorkerCommand::Drain { id } => {
+            operate(&handles.js, EventBody::WorkerDrainRequested(WorkerCordon { worker_id: id.clone() })).await?;
+            println!("{id} draining: no new work; running tasks finish (see flowmesh worker list); uncordon to undo");
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -24,11 +24,13 @@ pub struct WorkerFit {
     pub reasons: Vec<String>,
 }
 
-/// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`).
+/// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`,
+/// draining ones in `draining`).
 pub fn plan(
     workflow: &Workflow,
     fleet: &[WorkerSnapshot],
     cordoned: &BTreeSet<String>,
+    draining: &BTreeSet<String>,
     strategy: Strategy,
     now_ms: u64,
 ) -> Vec<StagePlan> {
@@ -39,6 +41,7 @@ pub fn plan(
             batch_in_use: w.slots.batch.in_use,
             service_in_use: w.slots.service.in_use,
             cordoned: cordoned.contains(&w.id),
+            draining: draining.contains(&w.id),
         })
         .collect();
     workflow

@@ -114,7 +114,8 @@ pub fn progress_line(event: &Event) -> Option<String> {
         EventBody::WorkerJoined(_)
         | EventBody::WorkerLost(_)
         | EventBody::WorkerCordoned(_)
-        | EventBody::WorkerUncordoned(_) => return None,
+        | EventBody::WorkerUncordoned(_)
+        | EventBody::WorkerDrainRequested(_) => return None,
     };
     Some(line)
 }

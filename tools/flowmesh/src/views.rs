@@ -110,7 +110,20 @@ pub async fn workers(js: &jetstream::Context) -> anyhow::Result<Vec<(WorkerSnaps
     Ok(out)
 }
 
-pub fn print_workers(workers: &[(WorkerSnapshot, u64)]) {
+/// A worker's status with what operators asked of it: `idle`, `busy, cordoned`,
+/// `busy, draining (2 running)`, `idle, drained`.
+pub fn worker_status(w: &WorkerSnapshot, fleet: &State) -> String {
+    let mut status = format!("{:?}", w.status).to_lowercase();
+    if fleet.draining.contains(&w.id) {
+        let running = w.active_tasks.len();
+        status += &if running == 0 { ", drained".to_owned() } else { format!(", draining ({running} running)") };
+    } else if fleet.cordoned.contains(&w.id) {
+        status += ", cordoned";
+    }
+    status
+}
+
+pub fn print_workers(workers: &[(WorkerSnapshot, u64)], fleet: &State) {
     let rows: Vec<Vec<String>> = workers
         .iter()
         .map(|(w, age)| {
@@ -123,19 +136,23 @@ pub fn print_workers(workers: &[(WorkerSnapshot, u64)]) {
             let stale = if *age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
             vec![
                 w.id.clone(),
-                format!("{:?}", w.status).to_lowercase(),
+                worker_status(w, fleet),
                 w.supported_task_types.join(","),
                 format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
                 gpus,
                 format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
                 stale,
                 if w.simulated { "yes".into() } else { "no".into() },
+                if w.tags.is_empty() { "-".into() } else { w.tags.join(",") },
             ]
         })
         .collect();
     print!(
         "{}",
-        table::render(&["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED"], &rows)
+        table::render(
+            &["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED", "TAGS"],
+            &rows
+        )
     );
 }
 
