@@ -13,6 +13,7 @@ mod security;
 mod serve;
 mod skeleton;
 mod ssh;
+mod trace;
 mod validator;
 mod verbs;
 mod worker;

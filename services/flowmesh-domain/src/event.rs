@@ -113,6 +113,9 @@ pub struct TaskCompleted {
     pub result: Option<Value>,
     pub result_object: String,
     pub artifacts: Vec<Artifact>,
+    /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

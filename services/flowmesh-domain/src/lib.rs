@@ -15,6 +15,7 @@ pub mod schema;
 pub mod secret;
 pub mod state;
 pub mod template;
+pub mod trace;
 pub mod units;
 pub mod validate;
 pub mod work;

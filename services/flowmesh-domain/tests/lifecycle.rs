@@ -98,6 +98,7 @@ impl Scenario {
             result: Some(result),
             result_object: format!("wf-1-{stage}/results.json"),
             artifacts: Vec::new(),
+            upload_ms: None,
         }))
     }
 
@@ -255,6 +256,7 @@ fn only_the_worker_holding_a_task_reports_on_it() {
         result: None,
         result_object: String::new(),
         artifacts: Vec::new(),
+        upload_ms: None,
     }));
     assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
     let sent = s.route();

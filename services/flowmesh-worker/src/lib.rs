@@ -472,6 +472,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     .await;
     drop(updates_tx);
     let _ = forwarder.await;
+    let storing = std::time::Instant::now();
     store_logs(shared, order, &work_dir).await;
     let task = task_ref(order);
     let outcome_name = match &outcome {
@@ -491,6 +492,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                     result: inline.then_some(result),
                     result_object,
                     artifacts,
+                    upload_ms: Some(storing.elapsed().as_millis() as u64),
                 })
             }
             Err(StoreError::Missing(name)) => failed(

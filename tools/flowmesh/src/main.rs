@@ -100,6 +100,9 @@ enum Command {
         #[command(subcommand)]
         command: StreamsCommand,
     },
+    /// Where a workflow's time went: per task waiting, queued, placement, run and upload, and
+    /// the critical path; --svg FILE draws the timeline.
+    Trace(cmd::trace::Args),
     /// Submit synthetic workflows and report tasks/s and latency percentiles (with --raw, as a
     /// ratio to the raw JetStream round trip on the same server).
     Bench(BenchArgs),
@@ -410,6 +413,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench_command(&cli.nats, args).await,
+        Command::Trace(args) => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::trace::run(&handles.js, args).await
+        }
         Command::Streams { command: StreamsCommand::Status { wait, json } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
             let deadline = std::time::Instant::now() + Duration::from_secs(wait);

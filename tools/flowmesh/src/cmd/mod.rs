@@ -4,3 +4,4 @@
 pub mod download;
 pub mod logs;
 pub mod task_watch;
+pub mod trace;
