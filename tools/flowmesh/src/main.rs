@@ -103,6 +103,11 @@ enum Command {
     /// Where a workflow's time went: per task waiting, queued, placement, run and upload, and
     /// the critical path; --svg FILE draws the timeline.
     Trace(cmd::trace::Args),
+    /// A shell or a command in a running interactive ssh task (with your own key).
+    Ssh {
+        #[command(subcommand)]
+        command: cmd::ssh::Command,
+    },
     /// Submit synthetic workflows and report tasks/s and latency percentiles (with --raw, as a
     /// ratio to the raw JetStream round trip on the same server).
     Bench(BenchArgs),
@@ -413,6 +418,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench_command(&cli.nats, args).await,
+        Command::Ssh { command } => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::ssh::run(&handles.js, command).await
+        }
         Command::Trace(args) => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
             cmd::trace::run(&handles.js, args).await

@@ -3,5 +3,6 @@
 
 pub mod download;
 pub mod logs;
+pub mod ssh;
 pub mod task_watch;
 pub mod trace;
