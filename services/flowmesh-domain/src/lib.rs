@@ -8,6 +8,7 @@ pub mod event;
 pub mod fleet;
 pub mod ids;
 mod locate;
+pub mod n8n;
 pub mod placement;
 pub mod problem;
 pub mod schedule;

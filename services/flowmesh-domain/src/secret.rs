@@ -30,7 +30,11 @@ pub fn is_redacted(spec: &Value) -> bool {
 
 /// Puts the secrets of `stage`, as the submitted document `body` gives them, back into `spec`.
 pub fn restore(spec: &mut Value, body: &[u8], stage: &str) -> Result<(), String> {
-    let doc = decode::decode(body).map_err(|p| format!("the stored submission no longer decodes: {}", p.message))?;
+    let mut doc =
+        decode::decode(body).map_err(|p| format!("the stored submission no longer decodes: {}", p.message))?;
+    if crate::n8n::is_n8n(&doc) {
+        doc = crate::n8n::translate(&doc).map_err(|_| "the stored n8n submission no longer translates".to_owned())?;
+    }
     let (_, merged) = stage_specs(&doc)
         .into_iter()
         .find(|(name, _)| name == stage)

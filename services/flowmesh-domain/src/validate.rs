@@ -19,6 +19,13 @@ pub const SINGLE_STAGE: &str = "main";
 /// Decodes and validates a submission body; on failure, every problem found.
 pub fn validate_submission(body: &[u8], workflow_id: &str) -> Result<Workflow, Vec<Problem>> {
     let doc = decode::decode(body).map_err(|p| vec![p])?;
+    if crate::n8n::is_n8n(&doc) {
+        let translated = crate::n8n::translate(&doc)?;
+        return validate_document(&translated, workflow_id).map_err(|problems| {
+            let note = "in the flowmesh/v1 document translated from n8n";
+            problems.into_iter().map(|p| Problem { message: format!("{} ({note})", p.message), ..p }).collect()
+        });
+    }
     validate_document(&doc, workflow_id).map_err(|mut problems| {
         // The body decoded, so it is UTF-8 text; JSON is YAML too, so one reader locates both.
         if let Ok(text) = std::str::from_utf8(body) {
