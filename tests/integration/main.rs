@@ -17,4 +17,5 @@ mod ssh;
 mod trace;
 mod validator;
 mod verbs;
+mod warm;
 mod worker;

@@ -108,6 +108,7 @@ fn fleet(n: usize, rng: &mut Rng) -> Vec<WorkerSnapshot> {
                 cost_per_hour: 1.0 + rng.below(30) as f64,
                 load: 0.0,
                 active_tasks: Vec::new(),
+                warm_models: Vec::new(),
                 simulated: true,
                 heartbeat_interval_sec: 30,
                 ttl_sec: 120,

@@ -21,6 +21,19 @@ pub struct Request {
     /// The spec's `workerTags` selector: each term a tag the worker must have (`gpu-pool`) or,
     /// with a leading `!`, must not have (`!spot`).
     pub tags: Vec<String>,
+    /// The model the task loads (`model.source.identifier`): a worker holding it warm is
+    /// preferred among the eligible ones, never chosen over a rule.
+    pub model: Option<String>,
+}
+
+/// The model a spec loads, as workers advertise warm ones: `model.source.identifier`, else
+/// `model.identifier` or `model.name`.
+pub fn model_of(spec: &Value) -> Option<String> {
+    ["/model/source/identifier", "/model/identifier", "/model/name"]
+        .iter()
+        .find_map(|p| spec.pointer(p).and_then(Value::as_str))
+        .filter(|id| !id.is_empty() && !crate::template::contains_placeholder(&Value::String(id.to_string())))
+        .map(str::to_owned)
 }
 
 /// Whether a worker's tags satisfy every term of a `workerTags` selector.
@@ -90,7 +103,7 @@ pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>)
             .collect::<Result<_, _>>()?,
         Some(other) => return Err(format!("workerTags must be a list of tags, found {other}")),
     };
-    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected, tags })
+    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected, tags, model: model_of(spec) })
 }
 
 /// What the scheduler knows of a worker beyond its snapshot.
@@ -374,6 +387,7 @@ struct RequestKey {
     gpu_memory_bytes: u64,
     selected: Option<Vec<String>>,
     tags: Vec<String>,
+    model: Option<String>,
 }
 
 impl RequestKey {
@@ -387,6 +401,7 @@ impl RequestKey {
             gpu_memory_bytes: r.gpu.memory_bytes,
             selected: r.selected.clone(),
             tags: r.tags.clone(),
+            model: r.model.clone(),
         }
     }
 }
@@ -525,24 +540,43 @@ impl<'a> FleetIndex<'a> {
         };
         explanation.message = sentence(&explanation, stage);
         let ranking = self.ranking(&request.task_type, strategy);
-        let mut best: Option<Best> = None;
-        let mut best_avoided: Option<Best> = None;
+        // Best per tier: warm and not avoided, cold and not avoided, warm avoided, cold avoided.
+        // Warmth orders eligible workers only: every rule has been applied already.
+        let mut tiers: [Option<Best>; 4] = [None, None, None, None];
         for &i in &eligible {
             let candidate = self.score(i, ranking.by_index[i], strategy, task_id, now_ms);
-            let slot =
-                if avoid.contains(&self.workers[i].candidate.snapshot.id) { &mut best_avoided } else { &mut best };
-            if slot.as_ref().is_none_or(|b| candidate.beats(b)) {
-                *slot = Some(candidate);
+            let snapshot = self.workers[i].candidate.snapshot;
+            let warm = request.model.as_deref().is_some_and(|m| snapshot.warm(m).is_some());
+            let tier = 2 * usize::from(avoid.contains(&snapshot.id)) + usize::from(!warm);
+            if tiers[tier].as_ref().is_none_or(|b| candidate.beats(b)) {
+                tiers[tier] = Some(candidate);
             }
         }
-        match best.or(best_avoided) {
-            Some(b) => Placement::Chosen {
-                worker_id: self.workers[b.index].candidate.snapshot.id.clone(),
-                score: b.score,
-                explanation: Some(explanation),
-            },
+        match tiers.into_iter().flatten().next() {
+            Some(b) => {
+                let snapshot = self.workers[b.index].candidate.snapshot;
+                if let Some(held) = request.model.as_deref().and_then(|m| snapshot.warm(m)) {
+                    explanation.message += &format!(
+                        "; {} holds {} warm ({}, {})",
+                        snapshot.id,
+                        held.id,
+                        held.state.name(),
+                        format_bytes(held.size_bytes)
+                    );
+                }
+                Placement::Chosen { worker_id: snapshot.id.clone(), score: b.score, explanation: Some(explanation) }
+            }
             None => Placement::Pending(explanation),
         }
+    }
+
+    /// Whether some worker serving the request's type holds its model warm.
+    fn warm_somewhere(&self, request: &Request) -> bool {
+        let Some(model) = request.model.as_deref() else {
+            return false;
+        };
+        let serving: &[usize] = self.by_type.get(request.task_type.as_str()).map_or(&[], Vec::as_slice);
+        serving.iter().any(|&i| self.workers[i].candidate.snapshot.warm(model).is_some())
     }
 
     /// Places one task, fast: workers serving the type are visited best static score first, and
@@ -568,6 +602,11 @@ impl<'a> FleetIndex<'a> {
             return Placement::Pending(explanation);
         }
         drop(unplaceable);
+        // Warmth reorders the eligible workers, so the best-first walk cannot stop early: place
+        // with the full walk (it also says which worker holds the model).
+        if self.warm_somewhere(request) {
+            return self.place_explained(request, stage, task_id, strategy, avoid, now_ms);
+        }
         let ranking = self.ranking(&request.task_type, strategy);
         let headroom = dynamic_headroom(strategy);
         let mut best: Option<Best> = None;

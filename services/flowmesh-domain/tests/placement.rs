@@ -393,3 +393,58 @@ fn an_operator_drain_stops_new_work_and_is_transient() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_warm_worker_is_preferred_among_eligible_ones_and_never_over_a_rule() {
+    use flowmesh_domain::fleet::{WarmModel, WarmState};
+    let warm = |mut w: WorkerSnapshot, state: WarmState| {
+        w.warm_models = vec![WarmModel { id: "Qwen/Qwen3-0.6B".into(), size_bytes: 2 * GIB, state }];
+        w
+    };
+    // The cold one is the better fit by throughput and cost; the warm one wins anyway.
+    let big_cold = worker("a-big", &["inference"], 64, 512, &[("NVIDIA H100", 80)]);
+    let small_warm = warm(worker("b-small", &["inference"], 8, 32, &[("NVIDIA T4", 16)]), WarmState::Cached);
+    let cpu_warm = warm(worker("c-cpu", &["inference"], 64, 512, &[]), WarmState::Loaded);
+    let spec = json!({"model": {"source": {"type": "huggingface", "identifier": "qwen/qwen3-0.6b"}},
+                      "resources": {"hardware": {"gpu": {"count": 1}}}});
+    let request = request_for("inference", &spec, None).unwrap();
+    assert_eq!(request.model.as_deref(), Some("qwen/qwen3-0.6b"));
+    let fleet = [candidate(&big_cold), candidate(&small_warm), candidate(&cpu_warm)];
+    let index = flowmesh_domain::placement::FleetIndex::new(&fleet);
+    for placed in [
+        place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0),
+        index.place(&request, "s", "t", Strategy::BestFit, &BTreeSet::new(), 0),
+    ] {
+        match placed {
+            Placement::Chosen { worker_id, explanation, .. } => {
+                assert_eq!(worker_id, "b-small", "warm wins among eligible; c-cpu has no GPU however warm");
+                let message = explanation.expect("a warm choice is explained").message;
+                assert!(message.ends_with("b-small holds Qwen/Qwen3-0.6B warm (cached, 2 GiB)"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Without the model in the request, or when the warm one failed the task, the best fit wins.
+    let plain = request_for("inference", &json!({"resources": {"hardware": {"gpu": {"count": 1}}}}), None).unwrap();
+    let chosen = |r: &flowmesh_domain::placement::Request, avoid: &[&str]| match place(
+        r,
+        "s",
+        "t",
+        &fleet,
+        Strategy::BestFit,
+        &avoid.iter().map(|s| s.to_string()).collect(),
+        0,
+    ) {
+        Placement::Chosen { worker_id, .. } => worker_id,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(chosen(&plain, &[]), "a-big");
+    assert_eq!(chosen(&request, &["b-small"]), "a-big", "a worker that failed the task is avoided, warm or not");
+    // A busy warm worker: the task goes elsewhere rather than wait for warmth.
+    let busy = Candidate { batch_in_use: 2, ..candidate(&small_warm) };
+    let fleet = [candidate(&big_cold), busy];
+    match place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a-big"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -11,6 +11,7 @@ pub mod plugin;
 pub mod process;
 pub mod python;
 pub mod ssh;
+mod warm;
 
 pub use config::{Config, WorkerArgs};
 
@@ -54,6 +55,7 @@ struct Shared {
     started_at: String,
     idle_since_ms: Mutex<Option<u64>>,
     draining: std::sync::atomic::AtomicBool,
+    warm: warm::WarmCache,
 }
 
 /// Builds the executors whose runtime dependency is present, logging why each missing one is missing.
@@ -176,6 +178,7 @@ impl Shared {
             heartbeat_interval_sec: self.config.heartbeat_interval.as_millis().div_ceil(1000) as u64,
             ttl_sec: self.config.ttl.as_millis().div_ceil(1000) as u64,
             idle_since_ms: if active.is_empty() { *self.idle_since_ms.lock().expect("idle lock") } else { None },
+            warm_models: self.warm.models(),
         }
     }
 
@@ -236,6 +239,7 @@ pub async fn run(
         started_at: clock::now_rfc3339(),
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
         draining: std::sync::atomic::AtomicBool::new(false),
+        warm: warm::WarmCache::new(config.model_cache.clone(), config.heartbeat_interval),
         config,
     });
     let id = shared.config.worker_id.clone();

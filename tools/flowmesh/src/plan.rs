@@ -22,6 +22,9 @@ pub struct StagePlan {
 pub struct WorkerFit {
     pub worker_id: String,
     pub reasons: Vec<String>,
+    /// `holds MODEL warm (cached, 1.2 GiB)` when it has the stage's model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<String>,
 }
 
 /// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`,
@@ -74,6 +77,14 @@ pub fn plan(
                 .map(|c| WorkerFit {
                     worker_id: c.snapshot.id.clone(),
                     reasons: placement::explain(&request, c).iter().map(|e| e.describe(&request, false)).collect(),
+                    warm: request.model.as_deref().and_then(|m| c.snapshot.warm(m)).map(|held| {
+                        format!(
+                            "holds {} warm ({}, {})",
+                            held.id,
+                            held.state.name(),
+                            flowmesh_domain::units::format_bytes(held.size_bytes)
+                        )
+                    }),
                 })
                 .collect();
             let (chosen, summary) =
@@ -97,7 +108,10 @@ pub fn render(plans: &[StagePlan]) -> String {
     for p in plans {
         out += &format!("stage {:?} ({}): {}\n", p.stage, p.task_type, p.summary);
         for w in &p.workers {
-            let verdict = if w.reasons.is_empty() { "can run it".to_owned() } else { w.reasons.join("; ") };
+            let mut verdict = if w.reasons.is_empty() { "can run it".to_owned() } else { w.reasons.join("; ") };
+            if let Some(warm) = &w.warm {
+                verdict += &format!("; {warm}");
+            }
             let mark = if p.chosen.as_deref() == Some(w.worker_id.as_str()) { "*" } else { " " };
             out += &format!("  {mark} {:<20} {verdict}\n", w.worker_id);
         }
