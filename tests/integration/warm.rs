@@ -85,3 +85,56 @@ async fn a_worker_holding_the_model_wins_among_eligible_workers_and_plan_says_so
     world.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_prewarm_hint_makes_an_idle_worker_load_the_model_and_advertise_it() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    // A stand-in runner whose prewarm "downloads" the model into the hub cache.
+    let plugin = world.dir.path().join("infer.toml");
+    std::fs::write(
+        &plugin,
+        r#"[[executor]]
+name = "stand-in"
+task_types = ["inference"]
+probe = ["true"]
+command = ["true"]
+prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMESH_PREWARM_MODEL\" | sed 's#/#--#g')/blobs\"; mkdir -p \"$d\" && head -c 2048 /dev/zero > \"$d/weights\""]
+"#,
+    )?;
+    let cache = world.dir.path().join("hub");
+    std::fs::create_dir_all(&cache)?;
+    let mut config = worker_config(&world, "w1", None);
+    config.executors_file = Some(plugin);
+    config.model_cache = Some(cache);
+    world.worker(config).await?;
+    world
+        .wait_for("the worker to join", |events| events.iter().any(|e| matches!(e.body, EventBody::WorkerJoined(_))))
+        .await?;
+
+    let out = world.cli(&["worker", "prewarm", "w1", "Qwen/Qwen3-0.6B"]).await?;
+    assert!(out.status.success(), "{}", output_text(&out));
+    world
+        .wait_for("the hint to be recorded", |events| {
+            events.iter().any(|e| matches!(&e.body, EventBody::WorkerPrewarmRequested(p) if p.worker_id == "w1" && p.model == "Qwen/Qwen3-0.6B"))
+        })
+        .await?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let out = world.cli(&["worker", "info", "w1"]).await?;
+        let snapshot: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        if snapshot["warm_models"]
+            == serde_json::json!([{"id": "Qwen/Qwen3-0.6B", "size_bytes": 2048, "state": "cached"}])
+        {
+            break;
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the model never showed as warm: {snapshot}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let file = world.dir.path().join("warm.yaml");
+    std::fs::write(&file, doc("Qwen/Qwen3-0.6B", 0))?;
+    let out = world.cli(&["plan", file.to_str().unwrap()]).await?;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("w1 holds Qwen/Qwen3-0.6B warm"), "{}", output_text(&out));
+    world.shutdown().await;
+    Ok(())
+}

@@ -192,6 +192,14 @@ pub struct WorkerCordon {
     pub worker_id: String,
 }
 
+/// An operator (or a policy) asks an idle worker to load a model ahead of the tasks that need it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPrewarm {
+    pub worker_id: String,
+    /// A model id as specs name it (`model.source.identifier`).
+    pub model: String,
+}
+
 /// Every kind of event. Matched exhaustively everywhere; there is no catch-all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
@@ -237,6 +245,8 @@ pub enum EventBody {
     /// An operator asked the worker to drain: no new work; what runs finishes. Uncordoning ends it.
     #[serde(rename = "worker.drain_requested")]
     WorkerDrainRequested(WorkerCordon),
+    #[serde(rename = "worker.prewarm_requested")]
+    WorkerPrewarmRequested(WorkerPrewarm),
 }
 
 /// The subject token used when an event has no workflow (fleet events) or no task.
@@ -268,6 +278,7 @@ impl EventBody {
             EventBody::WorkerCordoned(_) => "worker.cordoned",
             EventBody::WorkerUncordoned(_) => "worker.uncordoned",
             EventBody::WorkerDrainRequested(_) => "worker.drain_requested",
+            EventBody::WorkerPrewarmRequested(_) => "worker.prewarm_requested",
         }
     }
 
@@ -293,7 +304,8 @@ impl EventBody {
             | EventBody::WorkerLost(_)
             | EventBody::WorkerCordoned(_)
             | EventBody::WorkerUncordoned(_)
-            | EventBody::WorkerDrainRequested(_) => None,
+            | EventBody::WorkerDrainRequested(_)
+            | EventBody::WorkerPrewarmRequested(_) => None,
         }
     }
 
@@ -316,6 +328,7 @@ impl EventBody {
             EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) | EventBody::WorkerDrainRequested(e) => {
                 (FLEET_SCOPE.into(), e.worker_id.clone())
             }
+            EventBody::WorkerPrewarmRequested(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
             _ => (NO_SCOPE.into(), NO_SCOPE.into()),
         }
     }
@@ -352,6 +365,9 @@ impl EventBody {
             }
             EventBody::WorkerDrainRequested(e) => {
                 format!("worker.{}.drain.{sequence_hint}", e.worker_id)
+            }
+            EventBody::WorkerPrewarmRequested(e) => {
+                format!("worker.{}.prewarm.{sequence_hint}", e.worker_id)
             }
         }
     }

@@ -277,6 +277,8 @@ impl State {
                 self.draining.remove(&e.worker_id);
                 Applied::Changed
             }
+            // A hint to a worker; the fleet's state is what the worker then advertises.
+            EventBody::WorkerPrewarmRequested(_) => Applied::Ignored("a hint, delivered to the worker"),
             EventBody::WorkerDrainRequested(e) => {
                 self.cordon_events += 1;
                 self.draining.insert(e.worker_id.clone());

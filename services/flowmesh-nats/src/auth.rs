@@ -102,6 +102,7 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
                 .collect(),
         ),
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
+        (subjects::prewarm("*"), vec![subjects::prewarm(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
     ];
     let mut narrowed = role.to_owned();

@@ -294,6 +294,11 @@ pub async fn run(
         });
     }
 
+    {
+        let sub = client.subscribe(subjects::prewarm(&id)).await?;
+        background.spawn(warm::listen(shared.clone(), sub));
+    }
+
     let stream = handles.js.get_stream(subjects::WORK_STREAM).await?;
     let slots = (shared.config.batch_slots + shared.config.service_slots).max(1) as usize;
     // Create or update: a worker restarted with more slots or another ack wait gets them.

@@ -1,6 +1,7 @@
 //! The models this worker holds warm, for its snapshot: the Hugging Face hub cache on local disk
 //! (`models--<org>--<name>` folders, sized by their blobs), rescanned at most once per interval
-//! so a busy worker's snapshots cost no directory walks.
+//! so a busy worker's snapshots cost no directory walks. Prewarm hints ask an idle worker to
+//! load a model ahead of the tasks that need it, through its executors' `prewarm` commands.
 
 use flowmesh_domain::fleet::{WarmModel, WarmState};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,11 @@ impl WarmCache {
         WarmCache { dir, every, last: Mutex::new(None) }
     }
 
+    /// Forgets the last scan: the next snapshot looks at the disk again.
+    pub fn invalidate(&self) {
+        *self.last.lock().expect("warm lock") = None;
+    }
+
     /// The cached models, from a scan no older than the interval.
     pub fn models(&self) -> Vec<WarmModel> {
         let Some(dir) = &self.dir else {
@@ -32,6 +38,55 @@ impl WarmCache {
         let models = scan(dir);
         *last = Some((Instant::now(), models.clone()));
         models
+    }
+}
+
+/// How long one executor's prewarm command may run.
+const PREWARM_LIMIT: Duration = Duration::from_secs(30 * 60);
+
+/// Serves prewarm hints (a model id per message) until the subscription ends. A busy worker
+/// ignores a hint (it is only a hint); an idle one runs every executor's `prewarm` command in
+/// turn, then publishes a fresh snapshot so placement sees the model at once.
+pub(crate) async fn listen(shared: std::sync::Arc<crate::Shared>, mut hints: async_nats::Subscriber) {
+    use futures_util::StreamExt;
+    while let Some(message) = hints.next().await {
+        let model = String::from_utf8_lossy(&message.payload).trim().to_owned();
+        if model.is_empty() {
+            continue;
+        }
+        if !shared.active.lock().expect("active lock").is_empty() {
+            tracing::info!(%model, "prewarm hint ignored: the worker is busy");
+            continue;
+        }
+        let commands: Vec<(&str, &[String])> = shared
+            .executors
+            .iter()
+            .filter_map(|e| match e {
+                crate::executor::Executor::Plugin(p) if !p.prewarm.is_empty() => {
+                    Some((p.name.as_str(), p.prewarm.as_slice()))
+                }
+                _ => None,
+            })
+            .collect();
+        if commands.is_empty() {
+            tracing::info!(%model, "prewarm hint ignored: no executor here declares a prewarm command");
+            continue;
+        }
+        for (executor, argv) in commands {
+            let mut command = tokio::process::Command::new(&argv[0]);
+            command.args(&argv[1..]).env("FLOWMESH_PREWARM_MODEL", &model).stdin(std::process::Stdio::null());
+            if let Some(dir) = &shared.config.model_cache {
+                command.env("FLOWMESH_MODEL_CACHE", dir);
+            }
+            match tokio::time::timeout(PREWARM_LIMIT, command.kill_on_drop(true).status()).await {
+                Ok(Ok(status)) if status.success() => tracing::info!(%model, executor, "prewarmed"),
+                Ok(Ok(status)) => tracing::warn!(%model, executor, %status, "prewarm command failed"),
+                Ok(Err(e)) => tracing::warn!(%model, executor, error = %e, "prewarm command could not start"),
+                Err(_) => tracing::warn!(%model, executor, "prewarm command ran out of time"),
+            }
+        }
+        shared.warm.invalidate();
+        shared.heartbeat().await;
     }
 }
 

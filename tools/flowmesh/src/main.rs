@@ -201,6 +201,8 @@ enum WorkerCommand {
     /// Stop placing new work on a worker and let what it runs finish; `worker list` shows
     /// `draining (N running)`, then `drained` (safe to stop it).
     Drain { id: String },
+    /// Ask an idle worker to load a model ahead of the tasks that need it (a hint).
+    Prewarm { id: String, model: String },
 }
 
 #[derive(Subcommand)]
@@ -614,8 +616,9 @@ async fn verdict(js: &async_nats::jetstream::Context, workflow_id: &str, timeout
 }
 
 async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Result<ExitCode> {
-    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let (client, handles) = nats.handles("flowmesh-cli").await?;
     match command {
+        WorkerCommand::Prewarm { id, model } => return cmd::prewarm::run(&client, &handles.js, &id, &model).await,
         WorkerCommand::List { json } => {
             let workers = views::workers(&handles.js).await?;
             let fleet = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;

@@ -115,7 +115,8 @@ pub fn progress_line(event: &Event) -> Option<String> {
         | EventBody::WorkerLost(_)
         | EventBody::WorkerCordoned(_)
         | EventBody::WorkerUncordoned(_)
-        | EventBody::WorkerDrainRequested(_) => return None,
+        | EventBody::WorkerDrainRequested(_)
+        | EventBody::WorkerPrewarmRequested(_) => return None,
     };
     Some(line)
 }

@@ -3,6 +3,7 @@
 
 pub mod download;
 pub mod logs;
+pub mod prewarm;
 pub mod ssh;
 pub mod task_watch;
 pub mod trace;
