@@ -7,6 +7,7 @@ mod cli;
 mod dev;
 mod fleet_ops;
 mod graph;
+mod merge;
 mod n8n;
 mod observability;
 mod router;

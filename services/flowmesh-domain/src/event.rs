@@ -86,6 +86,17 @@ pub struct TaskDispatched {
     pub message: String,
 }
 
+/// The router coalesced an identical inference request into one already queued or running:
+/// this task waits for `into`'s execution and gets its result as its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskMerged {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    /// The task whose execution this one shares.
+    pub into: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskStarted {
     #[serde(flatten)]
@@ -212,6 +223,8 @@ pub enum EventBody {
     TaskPending(TaskPending),
     #[serde(rename = "task.dispatched")]
     TaskDispatched(TaskDispatched),
+    #[serde(rename = "task.merged")]
+    TaskMerged(TaskMerged),
     #[serde(rename = "task.started")]
     TaskStarted(TaskStarted),
     #[serde(rename = "task.updated")]
@@ -262,6 +275,7 @@ impl EventBody {
             EventBody::SubmissionRejected(_) => "submission.rejected",
             EventBody::TaskPending(_) => "task.pending",
             EventBody::TaskDispatched(_) => "task.dispatched",
+            EventBody::TaskMerged(_) => "task.merged",
             EventBody::TaskStarted(_) => "task.started",
             EventBody::TaskUpdated(_) => "task.updated",
             EventBody::TaskCompleted(_) => "task.completed",
@@ -287,6 +301,7 @@ impl EventBody {
         match self {
             EventBody::TaskPending(e) => Some(&e.task),
             EventBody::TaskDispatched(e) => Some(&e.task),
+            EventBody::TaskMerged(e) => Some(&e.task),
             EventBody::TaskStarted(e) => Some(&e.task),
             EventBody::TaskUpdated(e) => Some(&e.task),
             EventBody::TaskCompleted(e) => Some(&e.task),
@@ -342,6 +357,7 @@ impl EventBody {
             EventBody::SubmissionRejected(e) => format!("sub.{}.verdict", e.submission.seq),
             EventBody::TaskPending(e) => t(&e.task, &format!("pending.{sequence_hint}")),
             EventBody::TaskDispatched(e) => t(&e.task, "dispatched"),
+            EventBody::TaskMerged(e) => t(&e.task, "merged"),
             EventBody::TaskStarted(e) => t(&e.task, "started"),
             EventBody::TaskUpdated(e) => t(&e.task, &format!("updated.{sequence_hint}")),
             EventBody::TaskCompleted(e) => t(&e.task, "end"),

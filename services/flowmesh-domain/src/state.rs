@@ -21,6 +21,8 @@ pub enum TaskStatus {
     Running,
     /// The attempt failed and may be retried; the router requeues it.
     Retrying,
+    /// Coalesced into an identical task's execution (`merged_into`); ends with its result.
+    Merged,
     Completed,
     Failed,
     Skipped,
@@ -59,6 +61,9 @@ pub struct TaskState {
     /// `task.updated` events seen for the current attempt.
     pub updates: u64,
     pub cancel_requested: bool,
+    /// The task whose execution this one shares (`task.merged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_into: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +186,27 @@ impl State {
                 t.worker_id = Some(e.worker_id.clone());
                 Applied::Changed
             }),
+            EventBody::TaskMerged(e) => self.update_task(&e.task, |t| {
+                if !matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) {
+                    return Applied::Ignored("task is not waiting");
+                }
+                t.status = TaskStatus::Merged;
+                t.merged_into = Some(e.into.clone());
+                t.pending_message = None;
+                t.unplaceable_since_ms = None;
+                Applied::Changed
+            }),
+            // A merged task ends with its leader's result, reported by the router in the name of
+            // the worker that ran the leader; it counts only while that leader did complete there.
+            EventBody::TaskCompleted(e) if self.completes_through_leader(&e.task.task_id, &e.worker_id) => self
+                .update_task(&e.task, |t| {
+                    t.status = TaskStatus::Completed;
+                    t.worker_id = Some(e.worker_id.clone());
+                    t.result = e.result.clone();
+                    t.result_object = Some(e.result_object.clone());
+                    t.artifacts = e.artifacts.clone();
+                    Applied::Changed
+                }),
             EventBody::TaskStarted(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 if t.status != TaskStatus::Dispatched {
                     return Applied::Ignored("task was not dispatched");
@@ -221,6 +247,7 @@ impl State {
                     t.attempt = e.task.attempt;
                     t.status = TaskStatus::Waiting;
                     t.worker_id = None;
+                    t.merged_into = None;
                     t.pending_message = None;
                     t.unplaceable_since_ms = None;
                     t.updates = 0;
@@ -307,6 +334,7 @@ impl State {
                 message: None,
                 updates: 0,
                 cancel_requested: false,
+                merged_into: None,
             })
             .collect();
         for (i, t) in tasks.iter().enumerate() {
@@ -328,6 +356,15 @@ impl State {
                 reason: None,
             },
         );
+    }
+
+    /// Whether `task_id` is merged into a leader that completed on `worker`.
+    fn completes_through_leader(&self, task_id: &str, worker: &str) -> bool {
+        self.task(task_id)
+            .filter(|t| t.status == TaskStatus::Merged)
+            .and_then(|t| t.merged_into.as_deref())
+            .and_then(|leader| self.task(leader))
+            .is_some_and(|l| l.status == TaskStatus::Completed && l.worker_id.as_deref() == Some(worker))
     }
 
     /// Applies `change` when the event is about the task's current attempt and the task has not

@@ -224,6 +224,7 @@ fn status_after(body: &EventBody) -> Option<&'static str> {
     Some(match body {
         EventBody::TaskPending(_) => "pending",
         EventBody::TaskDispatched(_) => "dispatched",
+        EventBody::TaskMerged(_) => "merged",
         EventBody::TaskStarted(_) => "running",
         EventBody::TaskCompleted(_) => "completed",
         EventBody::TaskFailed(_) => "failed",

@@ -65,7 +65,12 @@ pub fn workflow_status_name(status: flowmesh_domain::state::WorkflowStatus) -> S
 
 /// What a person wants to know next to a task's status: why it failed, was skipped or waits.
 pub fn task_note(t: &TaskState) -> String {
-    t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone()).unwrap_or_default()
+    let note = t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone());
+    match (&t.merged_into, note) {
+        (Some(leader), None) => format!("merged with {leader}"),
+        (Some(leader), Some(note)) => format!("merged with {leader}; {note}"),
+        (None, note) => note.unwrap_or_default(),
+    }
 }
 
 /// Tasks as a table.
@@ -187,6 +192,12 @@ pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -
         fetched.push((relative.to_owned(), bytes.len() as u64));
     }
     if fetched.is_empty() {
+        // A merged task's files are those of the execution it shared.
+        if let Ok(state) = crate::log::fold_task(js, task_id).await
+            && let Some(leader) = state.task(task_id).and_then(|t| t.merged_into.clone())
+        {
+            return Box::pin(fetch_results(js, &leader, out)).await;
+        }
         anyhow::bail!("no stored results for task {task_id}");
     }
     Ok(fetched)
