@@ -401,6 +401,16 @@ fn an_identical_inference_request_is_merged_and_gets_the_result_as_its_own() {
     let merged = s.state.task("wf-1-b").unwrap();
     assert_eq!(merged.merged_into.as_deref(), Some("wf-1-a"));
     assert_eq!(s.status("c"), TaskStatus::Pending, "different inputs are not merged");
+    // Only the leader's completion, reported for the merged task, ends it: not before.
+    let early = s.apply(EventBody::TaskCompleted(TaskCompleted {
+        task: s.tref("b", 1),
+        worker_id: "w1".into(),
+        result: None,
+        result_object: String::new(),
+        artifacts: Vec::new(),
+        upload_ms: None,
+    }));
+    assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
     s.complete("w1", "a", 1, json!({"items": [{"output": "hi"}]}));
     let sent = s.route();
     assert_eq!(s.status("b"), TaskStatus::Completed);
@@ -439,14 +449,4 @@ fn when_the_shared_execution_fails_a_merged_task_runs_on_its_own() {
     s.complete("w1", "c", 1, json!({"ok": true}));
     let sent = s.route();
     assert_eq!(sent.iter().map(|o| (o.1.as_str(), o.2)).collect::<Vec<_>>(), [("b", 2)], "b runs itself, attempt 2");
-    // A merge never completes a task from a leader that did not complete on that worker.
-    let early = s.apply(EventBody::TaskCompleted(TaskCompleted {
-        task: s.tref("c", 1),
-        worker_id: "w1".into(),
-        result: None,
-        result_object: String::new(),
-        artifacts: Vec::new(),
-        upload_ms: None,
-    }));
-    assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
 }
