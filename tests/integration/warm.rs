@@ -138,3 +138,53 @@ prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMES
     world.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn the_router_prewarms_a_model_on_an_idle_worker_while_the_upstream_stage_runs() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let plugin = world.dir.path().join("infer.toml");
+    std::fs::write(
+        &plugin,
+        r#"[[executor]]
+name = "stand-in"
+task_types = ["inference"]
+probe = ["true"]
+command = ["true"]
+prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMESH_PREWARM_MODEL\" | sed 's#/#--#g')/blobs\"; mkdir -p \"$d\" && head -c 512 /dev/zero > \"$d/weights\""]
+"#,
+    )?;
+    let cache = world.dir.path().join("hub");
+    std::fs::create_dir_all(&cache)?;
+    world.worker(worker_config(&world, "cpu-1", None)).await?;
+    let mut config = worker_config(&world, "infer-1", None);
+    config.executors_file = Some(plugin);
+    config.model_cache = Some(cache);
+    world.worker(config).await?;
+    world
+        .wait_for("both workers to join", |events| {
+            events.iter().filter(|e| matches!(e.body, EventBody::WorkerJoined(_))).count() == 2
+        })
+        .await?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata:\n  name: ahead\n  annotations: {schedule_hint: {selected_worker: {selected: {prep: cpu-1}}}}\nspec:\n  stages:\n    - {name: prep, spec: {taskType: python, command: 'sleep 2'}}\n    - name: answer\n      spec: {taskType: inference, model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}, data: {type: list, items: [hi]}}\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", tests::kinds(&events));
+    let all = world.events();
+    let hint = all.iter().position(|e| {
+        matches!(&e.body, EventBody::WorkerPrewarmRequested(p) if p.worker_id == "infer-1" && p.model == "Qwen/Qwen3-0.6B")
+    });
+    let prep_done = all.iter().position(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.stage == "prep"));
+    assert!(hint.is_some() && hint < prep_done, "the hint came while prep ran: {:?}", tests::kinds(&all));
+    let answer = all
+        .iter()
+        .find_map(|e| match &e.body {
+            EventBody::TaskDispatched(d) if d.task.stage == "answer" => Some((d.worker_id.clone(), d.message.clone())),
+            _ => None,
+        })
+        .expect("answer dispatched");
+    assert_eq!(answer.0, "infer-1", "{}", answer.1);
+    assert!(answer.1.contains("infer-1 holds Qwen/Qwen3-0.6B warm"), "the prewarmed model made it warm: {}", answer.1);
+    world.shutdown().await;
+    Ok(())
+}

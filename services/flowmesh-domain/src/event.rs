@@ -383,7 +383,7 @@ impl EventBody {
                 format!("worker.{}.drain.{sequence_hint}", e.worker_id)
             }
             EventBody::WorkerPrewarmRequested(e) => {
-                format!("worker.{}.prewarm.{sequence_hint}", e.worker_id)
+                format!("worker.{}.prewarm.{}.{sequence_hint}", e.worker_id, e.model)
             }
         }
     }

@@ -122,10 +122,52 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
         let round = Round { state, live: &live, now_ms, config };
         decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
     }
+    actions.extend(prewarm_hints(state, &candidates));
     let used = std::mem::take(&mut requests.used);
     requests.known.retain(|key, _| used.contains(key));
     requests.used = used;
     actions
+}
+
+/// Hints the router sends ahead of a backlog: a stage that will need a model once its upstream
+/// stages end, which no live worker holds warm, gets one idle worker that could run it asked to
+/// load the model now (`worker.prewarm_requested`, once per model; the lowest id among idle
+/// workers that pass every permanent rule).
+fn prewarm_hints(state: &State, candidates: &[Candidate<'_>]) -> Vec<Action> {
+    let mut asked: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    for wf in state.running_workflows() {
+        for t in wf.tasks.iter().filter(|t| t.status == TaskStatus::Waiting) {
+            let upstream_running = t.def.depends_on.iter().any(|d| wf.task(d).is_some_and(|u| !u.status.is_terminal()));
+            if !upstream_running {
+                continue;
+            }
+            let Ok(request) = placement::request_for(&t.def.task_type, &t.def.spec, t.def.selected_workers.clone())
+            else {
+                continue;
+            };
+            let Some(model) = request.model.clone() else { continue };
+            if state.prewarm_requested.contains(&model)
+                || asked.contains(&model)
+                || candidates.iter().any(|c| c.snapshot.warm(&model).is_some())
+            {
+                continue;
+            }
+            let idle = candidates
+                .iter()
+                .filter(|c| c.snapshot.status == crate::fleet::WorkerStatus::Idle && c.batch_in_use == 0)
+                .filter(|c| placement::explain(&request, c).is_empty())
+                .min_by(|a, b| a.snapshot.id.cmp(&b.snapshot.id));
+            if let Some(c) = idle {
+                asked.insert(model.clone());
+                out.push(Action::Publish(EventBody::WorkerPrewarmRequested(crate::event::WorkerPrewarm {
+                    worker_id: c.snapshot.id.clone(),
+                    model,
+                })));
+            }
+        }
+    }
+    out
 }
 
 /// What every decision of one round shares.

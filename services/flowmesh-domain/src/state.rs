@@ -124,6 +124,9 @@ pub struct State {
     /// Worker id → the `started_at` of the incarnation last seen joining.
     pub joined_workers: BTreeMap<String, String>,
     pub cordoned: BTreeSet<String>,
+    /// Models a prewarm hint was sent for (the router asks once per model).
+    #[serde(default)]
+    pub prewarm_requested: BTreeSet<String>,
     /// Workers an operator asked to drain (until uncordoned).
     #[serde(default)]
     pub draining: BTreeSet<String>,
@@ -304,8 +307,11 @@ impl State {
                 self.draining.remove(&e.worker_id);
                 Applied::Changed
             }
-            // A hint to a worker; the fleet's state is what the worker then advertises.
-            EventBody::WorkerPrewarmRequested(_) => Applied::Ignored("a hint, delivered to the worker"),
+            // A hint to a worker; what it then holds warm is in its snapshot.
+            EventBody::WorkerPrewarmRequested(e) => {
+                self.prewarm_requested.insert(e.model.clone());
+                Applied::Changed
+            }
             EventBody::WorkerDrainRequested(e) => {
                 self.cordon_events += 1;
                 self.draining.insert(e.worker_id.clone());

@@ -450,3 +450,46 @@ fn when_the_shared_execution_fails_a_merged_task_runs_on_its_own() {
     let sent = s.route();
     assert_eq!(sent.iter().map(|o| (o.1.as_str(), o.2)).collect::<Vec<_>>(), [("b", 2)], "b runs itself, attempt 2");
 }
+
+const PREP_THEN_ANSWER: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: ahead}
+spec:
+  stages:
+    - {name: prep, spec: {taskType: echo, data: {type: list, items: [x]}}}
+    - name: answer
+      spec:
+        taskType: inference
+        model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
+        data: {type: list, items: [hello]}
+"#;
+
+#[test]
+fn the_router_asks_an_idle_capable_worker_to_prewarm_a_model_a_stage_will_need() {
+    let fleet = vec![worker("w1", &["echo"]), worker("w2", &["inference"]), worker("w3", &["inference"])];
+    let mut s = Scenario::new(PREP_THEN_ANSWER, fleet.clone());
+    s.route();
+    let hints: Vec<(String, String)> = s
+        .log
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::WorkerPrewarmRequested(p) => Some((p.worker_id.clone(), p.model.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hints, [("w2".to_owned(), "Qwen/Qwen3-0.6B".to_owned())], "one idle capable worker, lowest id");
+    s.route();
+    assert_eq!(s.kinds().iter().filter(|k| **k == "worker.prewarm_requested").count(), 1, "asked once per model");
+
+    // A model some worker already holds warm needs no hint.
+    let mut warm = fleet;
+    warm[2].warm_models = vec![flowmesh_domain::fleet::WarmModel {
+        id: "Qwen/Qwen3-0.6B".into(),
+        size_bytes: 1,
+        state: flowmesh_domain::fleet::WarmState::Cached,
+    }];
+    let mut s = Scenario::new(PREP_THEN_ANSWER, warm);
+    s.route();
+    assert!(!s.kinds().contains(&"worker.prewarm_requested"));
+}

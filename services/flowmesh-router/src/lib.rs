@@ -381,7 +381,19 @@ impl Router {
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
         for action in actions {
             match action {
-                Action::Publish(body) => self.publish(body).await?,
+                Action::Publish(body) => {
+                    // A prewarm hint is recorded, then delivered on the worker's control subject.
+                    let hint = match &body {
+                        EventBody::WorkerPrewarmRequested(p) => {
+                            Some((subjects::prewarm(&p.worker_id), p.model.clone()))
+                        }
+                        _ => None,
+                    };
+                    self.publish(body).await?;
+                    if let Some((subject, model)) = hint {
+                        let _ = self.client.publish(subject, model.into()).await;
+                    }
+                }
                 Action::Dispatch { event, mut order } => {
                     // A task whose secret cannot be read yet stays waiting; others go ahead.
                     if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
