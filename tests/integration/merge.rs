@@ -58,6 +58,13 @@ async fn identical_inference_requests_share_one_execution_and_each_gets_its_resu
         output_text(&out)
     );
 
+    // plan says an identical request would be merged, and with which.
+    let file = world.dir.path().join("ask.yaml");
+    std::fs::write(&file, DOC)?;
+    let out = world.cli(&["plan", file.to_str().unwrap()]).await?;
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(plan.contains(&format!("would be merged with {first}-main")), "{}", output_text(&out));
+
     // Cancelling one merged task leaves the shared execution and the other merged task alone.
     let out = world.cli(&["task", "stop", &format!("{third}-main")]).await?;
     assert!(out.status.success(), "{}", output_text(&out));

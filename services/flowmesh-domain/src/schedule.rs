@@ -185,12 +185,36 @@ fn merge_key(wf: &WorkflowState, t: &TaskState) -> Option<String> {
     if t.def.task_type != "inference" {
         return None;
     }
-    let mut spec = resolve_spec(wf, t).ok()?;
+    merge_key_of(&t.def.task_type, resolve_spec(wf, t).ok()?)
+}
+
+/// The merge key of a resolved spec (see `merge_key`); `None` for what is never merged.
+pub fn merge_key_of(task_type: &str, mut spec: serde_json::Value) -> Option<String> {
+    if task_type != "inference" || template::contains_placeholder(&spec) {
+        return None;
+    }
     let map = spec.as_object_mut()?;
     for key in ["output", "resources", "workerTags", "maxAttempts", "maxRuntimeSeconds", "dependsOn", "condition"] {
         map.remove(key);
     }
     serde_json::to_string(&spec).ok()
+}
+
+/// The tasks an identical inference request would be merged into now: merge key → the task
+/// (on a worker, or waiting and ready) that leads it, oldest submission first. `flowmesh plan` asks.
+pub fn merge_leaders(state: &State) -> HashMap<String, String> {
+    let mut leaders = HashMap::new();
+    for wf in state.running_workflows() {
+        for t in &wf.tasks {
+            let ready = || t.def.depends_on.iter().all(|d| wf.task(d).is_some_and(|u| u.status.is_terminal()));
+            let candidate =
+                t.status.is_on_worker() || (matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) && ready());
+            if candidate && let Some(key) = merge_key(wf, t) {
+                leaders.entry(key).or_insert_with(|| t.def.task_id.clone());
+            }
+        }
+    }
+    leaders
 }
 
 /// A merged task follows its leader: it completes with the leader's result, waits while the

@@ -491,8 +491,16 @@ async fn plan_command(nats: &NatsArgs, file: &PathBuf, strategy: &str, json: boo
     let live: Vec<_> =
         views::workers(&handles.js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).map(|(w, _)| w).collect();
     let fleet_state = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;
-    let plans =
-        flowmesh::plan::plan(&workflow, &live, &fleet_state.cordoned, &fleet_state.draining, strategy, clock::now_ms());
+    // Which running inference request an identical stage would share: read only when it can matter.
+    let leaders = if workflow.tasks.iter().any(|t| t.task_type == "inference") {
+        flowmesh_domain::schedule::merge_leaders(
+            &log::fold(&handles.js, format!("{}.>", subjects::EVENTS_PREFIX)).await?,
+        )
+    } else {
+        Default::default()
+    };
+    let (cordoned, draining) = (&fleet_state.cordoned, &fleet_state.draining);
+    let plans = flowmesh::plan::plan(&workflow, &live, cordoned, draining, &leaders, strategy, clock::now_ms());
     if json {
         println!("{}", serde_json::to_string_pretty(&plans)?);
     } else {

@@ -16,6 +16,9 @@ pub struct StagePlan {
     pub summary: String,
     /// Every live worker with the reasons it cannot take the stage (empty: it can).
     pub workers: Vec<WorkerFit>,
+    /// The queued or running task an identical inference request would be merged with now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merges_with: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -28,12 +31,14 @@ pub struct WorkerFit {
 }
 
 /// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`,
-/// draining ones in `draining`).
+/// draining ones in `draining`; `leaders` from `schedule::merge_leaders`).
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     workflow: &Workflow,
     fleet: &[WorkerSnapshot],
     cordoned: &BTreeSet<String>,
     draining: &BTreeSet<String>,
+    leaders: &std::collections::HashMap<String, String>,
     strategy: Strategy,
     now_ms: u64,
 ) -> Vec<StagePlan> {
@@ -60,6 +65,7 @@ pub fn plan(
                         chosen: None,
                         summary: format!("its resources depend on upstream results; placed at dispatch ({e})"),
                         workers: Vec::new(),
+                        merges_with: None,
                     };
                 }
                 Err(e) => {
@@ -69,6 +75,7 @@ pub fn plan(
                         chosen: None,
                         summary: e,
                         workers: Vec::new(),
+                        merges_with: None,
                     };
                 }
             };
@@ -97,7 +104,13 @@ pub fn plan(
                     }
                     Placement::Pending(explanation) => (None, explanation.message),
                 };
-            StagePlan { stage: t.stage.clone(), task_type: t.task_type.clone(), chosen, summary, workers }
+            let merges_with = flowmesh_domain::schedule::merge_key_of(&t.task_type, t.spec.clone())
+                .and_then(|key| leaders.get(&key).cloned());
+            let summary = match &merges_with {
+                Some(leader) => format!("would be merged with {leader} (an identical request already queued or running); otherwise {summary}"),
+                None => summary,
+            };
+            StagePlan { stage: t.stage.clone(), task_type: t.task_type.clone(), chosen, summary, workers, merges_with }
         })
         .collect()
 }
