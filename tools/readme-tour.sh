@@ -83,6 +83,20 @@ expect 0 flowmesh workflow cancel "$python_wf"
 expect 0 flowmesh worker info dev-worker-1
 expect 0 flowmesh worker cordon dev-worker-1
 expect 0 flowmesh worker uncordon dev-worker-1
+expect 0 flowmesh task info "$python_wf-main"
+expect 0 flowmesh task watch "$python_wf-main"
+expect 1 flowmesh task stop "$python_wf-main"      # it has already ended
+expect 0 flowmesh workflow submit examples/valid/echo.yaml --watch
+expect 0 flowmesh workflow validate examples/valid/*.yaml
+expect 0 flowmesh workflow logs "$python_wf"
+expect 0 flowmesh result download "$python_wf-main" --include all -o bundle.tgz
+tar -tzf bundle.tgz | grep -q "results.json" || { echo "readme-tour: the bundle has no results.json" >&2; exit 1; }
+expect 0 flowmesh trace "$first" --svg "$first".svg
+grep -q "<svg" "$first".svg || { echo "readme-tour: trace wrote no picture" >&2; exit 1; }
+expect 0 flowmesh worker drain dev-worker-1
+expect 0 flowmesh worker uncordon dev-worker-1
+expect 0 flowmesh validate examples/n8n/sft_then_inference.json
+expect 1 flowmesh validate examples/n8n/unsupported_openai.json
 expect 0 flowmesh streams apply
 expect 0 flowmesh bench --dev --tasks 300 --concurrency 32 --raw
 flowmesh completions bash > flowmesh.bash

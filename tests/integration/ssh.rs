@@ -183,3 +183,79 @@ async fn an_interactive_session_says_where_to_connect_admits_its_key_and_ends_wh
     world.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn ssh_run_and_connect_reach_a_running_session_with_the_owner_s_key_only() -> anyhow::Result<()> {
+    if !docker_ready() {
+        return Ok(());
+    }
+    if std::process::Command::new("ssh").arg("-V").output().is_err() {
+        eprintln!("skipping: no ssh client");
+        return Ok(());
+    }
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let key = world.dir.path().join("id_owner");
+    let stranger = world.dir.path().join("id_stranger");
+    let public = keygen(&key);
+    keygen(&stranger);
+    // First a workflow that is not a session. (It also makes the session wf-2: containers are
+    // named after the task id, and another test's world runs a wf-1-main session on this engine.)
+    let echo = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    world.wait_workflow_end(&echo).await?;
+    let out = world.cli(&["ssh", "connect", &format!("{echo}-main")]).await?;
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an ssh session"), "{}", tests::output_text(&out));
+
+    let doc = format!(
+        "apiVersion: flowmesh/v1\nkind: SSH\nmetadata: {{name: session, owner: ada}}\nspec:\n  taskType: ssh\n  image: {SSHD_IMAGE}\n  authorizedKeys: [\"{public}\"]\n  ttlSeconds: 120\n"
+    );
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    let task = format!("{wf}-main");
+    let events = world
+        .wait_for("the session to be ready", |events| {
+            events.iter().any(|e| {
+                matches!(&e.body, EventBody::TaskUpdated(u) if u.task.workflow_id == wf)
+                    || matches!(&e.body, EventBody::TaskFailed(f) if f.task.workflow_id == wf)
+            })
+        })
+        .await?;
+    let failed = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskFailed(f) if f.task.workflow_id == wf => Some(format!("{}: {}", f.reason, f.message)),
+        _ => None,
+    });
+    assert!(failed.is_none(), "the session failed to start: {failed:?}");
+    let (key_arg, stranger_arg) = (key.to_str().unwrap(), stranger.to_str().unwrap());
+
+    let out = world.cli(&["ssh", "connect", &task, "-i", key_arg, "--print"]).await?;
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && printed.contains(" root@") && printed.contains(" -t "),
+        "{}",
+        tests::output_text(&out)
+    );
+
+    // The server may need a moment after the container starts; retry within the deadline.
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    let out = loop {
+        let out = world.cli(&["ssh", "run", &task, "-i", key_arg, "--", "echo", "hello-via-flowmesh"]).await?;
+        if out.status.success() || tokio::time::Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "hello-via-flowmesh", "{}", tests::output_text(&out));
+    let out = world.cli(&["ssh", "run", &task, "-i", key_arg, "--", "exit", "3"]).await?;
+    assert_eq!(out.status.code(), Some(3), "the remote exit code passes through: {}", tests::output_text(&out));
+    let out = world.cli(&["ssh", "run", &task, "-i", stranger_arg, "--", "true"]).await?;
+    assert!(!out.status.success(), "a key the task does not list is refused: {}", tests::output_text(&out));
+
+    let out = world.cli(&["workflow", "cancel", &wf]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    world.wait_workflow_end(&wf).await?;
+    let out = world.cli(&["ssh", "run", &task, "-i", key_arg, "--", "true"]).await?;
+    assert_eq!(out.status.code(), Some(1), "{}", tests::output_text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not running"), "{}", tests::output_text(&out));
+
+    world.shutdown().await;
+    Ok(())
+}

@@ -108,6 +108,7 @@ fn fleet(n: usize, rng: &mut Rng) -> Vec<WorkerSnapshot> {
                 cost_per_hour: 1.0 + rng.below(30) as f64,
                 load: 0.0,
                 active_tasks: Vec::new(),
+                warm_models: Vec::new(),
                 simulated: true,
                 heartbeat_interval_sec: 30,
                 ttl_sec: 120,
@@ -163,7 +164,7 @@ fn main() {
         let workers = fleet(n, &mut rng);
         let idle: Vec<Candidate<'_>> = workers
             .iter()
-            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false })
+            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false, draining: false })
             .collect();
         // 90% of the workers have every slot taken: the walk has to go further to find a free one.
         let busy: Vec<Candidate<'_>> = workers
@@ -174,6 +175,7 @@ fn main() {
                 batch_in_use: if i % 10 == 0 { 0 } else { 4 },
                 service_in_use: 0,
                 cordoned: false,
+                draining: false,
             })
             .collect();
         let started = Instant::now();
@@ -261,7 +263,7 @@ fn main() {
         });
         let candidates: Vec<Candidate<'_>> = workers
             .iter()
-            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false })
+            .map(|w| Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false, draining: false })
             .collect();
         let index = FleetIndex::new(&candidates);
         let busy_requests: Vec<_> = state

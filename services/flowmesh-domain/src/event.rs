@@ -86,6 +86,17 @@ pub struct TaskDispatched {
     pub message: String,
 }
 
+/// The router coalesced an identical inference request into one already queued or running:
+/// this task waits for `into`'s execution and gets its result as its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskMerged {
+    #[serde(flatten)]
+    pub task: TaskRef,
+    /// The task whose execution this one shares.
+    pub into: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskStarted {
     #[serde(flatten)]
@@ -113,6 +124,9 @@ pub struct TaskCompleted {
     pub result: Option<Value>,
     pub result_object: String,
     pub artifacts: Vec<Artifact>,
+    /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -189,6 +203,14 @@ pub struct WorkerCordon {
     pub worker_id: String,
 }
 
+/// An operator (or a policy) asks an idle worker to load a model ahead of the tasks that need it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerPrewarm {
+    pub worker_id: String,
+    /// A model id as specs name it (`model.source.identifier`).
+    pub model: String,
+}
+
 /// Every kind of event. Matched exhaustively everywhere; there is no catch-all.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
@@ -201,6 +223,8 @@ pub enum EventBody {
     TaskPending(TaskPending),
     #[serde(rename = "task.dispatched")]
     TaskDispatched(TaskDispatched),
+    #[serde(rename = "task.merged")]
+    TaskMerged(TaskMerged),
     #[serde(rename = "task.started")]
     TaskStarted(TaskStarted),
     #[serde(rename = "task.updated")]
@@ -231,6 +255,11 @@ pub enum EventBody {
     WorkerCordoned(WorkerCordon),
     #[serde(rename = "worker.uncordoned")]
     WorkerUncordoned(WorkerCordon),
+    /// An operator asked the worker to drain: no new work; what runs finishes. Uncordoning ends it.
+    #[serde(rename = "worker.drain_requested")]
+    WorkerDrainRequested(WorkerCordon),
+    #[serde(rename = "worker.prewarm_requested")]
+    WorkerPrewarmRequested(WorkerPrewarm),
 }
 
 /// The subject token used when an event has no workflow (fleet events) or no task.
@@ -246,6 +275,7 @@ impl EventBody {
             EventBody::SubmissionRejected(_) => "submission.rejected",
             EventBody::TaskPending(_) => "task.pending",
             EventBody::TaskDispatched(_) => "task.dispatched",
+            EventBody::TaskMerged(_) => "task.merged",
             EventBody::TaskStarted(_) => "task.started",
             EventBody::TaskUpdated(_) => "task.updated",
             EventBody::TaskCompleted(_) => "task.completed",
@@ -261,6 +291,8 @@ impl EventBody {
             EventBody::WorkerLost(_) => "worker.lost",
             EventBody::WorkerCordoned(_) => "worker.cordoned",
             EventBody::WorkerUncordoned(_) => "worker.uncordoned",
+            EventBody::WorkerDrainRequested(_) => "worker.drain_requested",
+            EventBody::WorkerPrewarmRequested(_) => "worker.prewarm_requested",
         }
     }
 
@@ -269,6 +301,7 @@ impl EventBody {
         match self {
             EventBody::TaskPending(e) => Some(&e.task),
             EventBody::TaskDispatched(e) => Some(&e.task),
+            EventBody::TaskMerged(e) => Some(&e.task),
             EventBody::TaskStarted(e) => Some(&e.task),
             EventBody::TaskUpdated(e) => Some(&e.task),
             EventBody::TaskCompleted(e) => Some(&e.task),
@@ -285,7 +318,9 @@ impl EventBody {
             | EventBody::WorkerJoined(_)
             | EventBody::WorkerLost(_)
             | EventBody::WorkerCordoned(_)
-            | EventBody::WorkerUncordoned(_) => None,
+            | EventBody::WorkerUncordoned(_)
+            | EventBody::WorkerDrainRequested(_)
+            | EventBody::WorkerPrewarmRequested(_) => None,
         }
     }
 
@@ -305,7 +340,10 @@ impl EventBody {
             }
             EventBody::WorkerJoined(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
             EventBody::WorkerLost(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
-            EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) | EventBody::WorkerDrainRequested(e) => {
+                (FLEET_SCOPE.into(), e.worker_id.clone())
+            }
+            EventBody::WorkerPrewarmRequested(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
             _ => (NO_SCOPE.into(), NO_SCOPE.into()),
         }
     }
@@ -319,6 +357,7 @@ impl EventBody {
             EventBody::SubmissionRejected(e) => format!("sub.{}.verdict", e.submission.seq),
             EventBody::TaskPending(e) => t(&e.task, &format!("pending.{sequence_hint}")),
             EventBody::TaskDispatched(e) => t(&e.task, "dispatched"),
+            EventBody::TaskMerged(e) => t(&e.task, "merged"),
             EventBody::TaskStarted(e) => t(&e.task, "started"),
             EventBody::TaskUpdated(e) => t(&e.task, &format!("updated.{sequence_hint}")),
             EventBody::TaskCompleted(e) => t(&e.task, "end"),
@@ -339,6 +378,12 @@ impl EventBody {
             }
             EventBody::WorkerUncordoned(e) => {
                 format!("worker.{}.uncordon.{sequence_hint}", e.worker_id)
+            }
+            EventBody::WorkerDrainRequested(e) => {
+                format!("worker.{}.drain.{sequence_hint}", e.worker_id)
+            }
+            EventBody::WorkerPrewarmRequested(e) => {
+                format!("worker.{}.prewarm.{}.{sequence_hint}", e.worker_id, e.model)
             }
         }
     }
@@ -366,7 +411,10 @@ impl EventBody {
             | EventBody::WorkerJoined(_)
             | EventBody::WorkerLost(_)
             | EventBody::WorkerCordoned(_)
-            | EventBody::WorkerUncordoned(_) => None,
+            | EventBody::WorkerUncordoned(_)
+            | EventBody::TaskMerged(_)
+            | EventBody::WorkerDrainRequested(_)
+            | EventBody::WorkerPrewarmRequested(_) => None,
         }
     }
 

@@ -29,6 +29,43 @@ pub struct WorkerSnapshot {
     /// When the worker last became idle (unix ms); the scorer prefers the longest idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_since_ms: Option<u64>,
+    /// Models it holds warm: placement prefers a worker that already has a task's model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warm_models: Vec<WarmModel>,
+}
+
+impl WorkerSnapshot {
+    /// The warm entry for `model` (ids compare case-insensitively, as hub ids do).
+    pub fn warm(&self, model: &str) -> Option<&WarmModel> {
+        self.warm_models.iter().find(|m| m.id.eq_ignore_ascii_case(model))
+    }
+}
+
+/// A model a worker holds warm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmModel {
+    /// The model id as specs name it (`model.source.identifier`, e.g. `Qwen/Qwen3-0.6B`).
+    pub id: String,
+    pub size_bytes: u64,
+    pub state: WarmState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WarmState {
+    /// In a runner's memory, ready to serve.
+    Loaded,
+    /// On local disk: no download needed.
+    Cached,
+}
+
+impl WarmState {
+    pub fn name(self) -> &'static str {
+        match self {
+            WarmState::Loaded => "loaded",
+            WarmState::Cached => "cached",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

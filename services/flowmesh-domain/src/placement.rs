@@ -18,6 +18,30 @@ pub struct Request {
     pub gpu: GpuRequest,
     /// Only these workers may take it (`schedule_hint.selected_worker`).
     pub selected: Option<Vec<String>>,
+    /// The spec's `workerTags` selector: each term a tag the worker must have (`gpu-pool`) or,
+    /// with a leading `!`, must not have (`!spot`).
+    pub tags: Vec<String>,
+    /// The model the task loads (`model.source.identifier`): a worker holding it warm is
+    /// preferred among the eligible ones, never chosen over a rule.
+    pub model: Option<String>,
+}
+
+/// The model a spec loads, as workers advertise warm ones: `model.source.identifier`, else
+/// `model.identifier` or `model.name`.
+pub fn model_of(spec: &Value) -> Option<String> {
+    ["/model/source/identifier", "/model/identifier", "/model/name"]
+        .iter()
+        .find_map(|p| spec.pointer(p).and_then(Value::as_str))
+        .filter(|id| !id.is_empty() && !crate::template::contains_placeholder(&Value::String(id.to_string())))
+        .map(str::to_owned)
+}
+
+/// Whether a worker's tags satisfy every term of a `workerTags` selector.
+pub fn tags_match(selector: &[String], worker_tags: &[String]) -> bool {
+    selector.iter().all(|term| match term.strip_prefix('!') {
+        Some(forbidden) => !worker_tags.iter().any(|t| t == forbidden),
+        None => worker_tags.iter().any(|t| t == term),
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -71,7 +95,15 @@ pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>)
             },
         },
     };
-    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected })
+    let tags = match spec.get("workerTags") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(terms)) => terms
+            .iter()
+            .map(|t| t.as_str().map(str::to_owned).ok_or_else(|| format!("workerTags holds {t}, not a tag")))
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(format!("workerTags must be a list of tags, found {other}")),
+    };
+    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected, tags, model: model_of(spec) })
 }
 
 /// What the scheduler knows of a worker beyond its snapshot.
@@ -82,6 +114,8 @@ pub struct Candidate<'a> {
     pub batch_in_use: u32,
     pub service_in_use: u32,
     pub cordoned: bool,
+    /// An operator asked it to drain (`flowmesh worker drain`): no new work, running work finishes.
+    pub draining: bool,
 }
 
 /// Why one worker cannot take a task. The order of the variants is the order of the checks.
@@ -89,6 +123,7 @@ pub struct Candidate<'a> {
 pub enum Exclusion {
     NotSelected,
     TaskType,
+    Tags,
     Cpu { have: f64, need: f64 },
     Memory { have: u64, need: u64 },
     Gpu { matching: u32, need: u32 },
@@ -104,6 +139,7 @@ impl Exclusion {
             self,
             Exclusion::NotSelected
                 | Exclusion::TaskType
+                | Exclusion::Tags
                 | Exclusion::Cpu { .. }
                 | Exclusion::Memory { .. }
                 | Exclusion::Gpu { .. }
@@ -115,6 +151,7 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => "not_selected",
             Exclusion::TaskType => "task_type",
+            Exclusion::Tags => "tags",
             Exclusion::Cpu { .. } => "cpu",
             Exclusion::Memory { .. } => "memory",
             Exclusion::Gpu { .. } => "gpu",
@@ -130,6 +167,7 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => format!("{is} not in selected_worker"),
             Exclusion::TaskType => format!("{do_} not serve task type {:?}", request.task_type),
+            Exclusion::Tags => format!("{do_} not match workerTags [{}]", request.tags.join(", ")),
             Exclusion::Cpu { have, need } => format!("{has} {have} of {need} CPU cores"),
             Exclusion::Memory { have, need } => {
                 format!("{has} {} of {} memory", format_bytes(*have), format_bytes(*need))
@@ -178,10 +216,13 @@ pub fn explain(request: &Request, c: &Candidate<'_>) -> Vec<Exclusion> {
     out
 }
 
-/// The checks after selection and task type, in order: CPU and memory (clamped by the ssh caps
-/// for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
+/// The checks after selection and task type, in order: worker tags, CPU and memory (clamped by
+/// the ssh caps for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
 fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[String], note: &mut dyn FnMut(Exclusion)) {
     let w = c.snapshot;
+    if !tags_match(&request.tags, &w.tags) {
+        note(Exclusion::Tags);
+    }
     let ssh_caps = if request.task_type == "ssh" { w.ssh_limits } else { None };
     let mut cores = f64::from(w.hardware.cpu_cores);
     let mut memory = w.hardware.memory_bytes;
@@ -204,7 +245,7 @@ fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[Stri
     if c.cordoned {
         note(Exclusion::Cordoned);
     }
-    if w.status == WorkerStatus::Draining {
+    if c.draining || w.status == WorkerStatus::Draining {
         note(Exclusion::Draining);
     }
     let service = uses_service_slot(&request.task_type);
@@ -345,6 +386,8 @@ struct RequestKey {
     gpu_kind: Option<String>,
     gpu_memory_bytes: u64,
     selected: Option<Vec<String>>,
+    tags: Vec<String>,
+    model: Option<String>,
 }
 
 impl RequestKey {
@@ -357,6 +400,8 @@ impl RequestKey {
             gpu_kind: r.gpu.kind.clone(),
             gpu_memory_bytes: r.gpu.memory_bytes,
             selected: r.selected.clone(),
+            tags: r.tags.clone(),
+            model: r.model.clone(),
         }
     }
 }
@@ -495,24 +540,43 @@ impl<'a> FleetIndex<'a> {
         };
         explanation.message = sentence(&explanation, stage);
         let ranking = self.ranking(&request.task_type, strategy);
-        let mut best: Option<Best> = None;
-        let mut best_avoided: Option<Best> = None;
+        // Best per tier: warm and not avoided, cold and not avoided, warm avoided, cold avoided.
+        // Warmth orders eligible workers only: every rule has been applied already.
+        let mut tiers: [Option<Best>; 4] = [None, None, None, None];
         for &i in &eligible {
             let candidate = self.score(i, ranking.by_index[i], strategy, task_id, now_ms);
-            let slot =
-                if avoid.contains(&self.workers[i].candidate.snapshot.id) { &mut best_avoided } else { &mut best };
-            if slot.as_ref().is_none_or(|b| candidate.beats(b)) {
-                *slot = Some(candidate);
+            let snapshot = self.workers[i].candidate.snapshot;
+            let warm = request.model.as_deref().is_some_and(|m| snapshot.warm(m).is_some());
+            let tier = 2 * usize::from(avoid.contains(&snapshot.id)) + usize::from(!warm);
+            if tiers[tier].as_ref().is_none_or(|b| candidate.beats(b)) {
+                tiers[tier] = Some(candidate);
             }
         }
-        match best.or(best_avoided) {
-            Some(b) => Placement::Chosen {
-                worker_id: self.workers[b.index].candidate.snapshot.id.clone(),
-                score: b.score,
-                explanation: Some(explanation),
-            },
+        match tiers.into_iter().flatten().next() {
+            Some(b) => {
+                let snapshot = self.workers[b.index].candidate.snapshot;
+                if let Some(held) = request.model.as_deref().and_then(|m| snapshot.warm(m)) {
+                    explanation.message += &format!(
+                        "; {} holds {} warm ({}, {})",
+                        snapshot.id,
+                        held.id,
+                        held.state.name(),
+                        format_bytes(held.size_bytes)
+                    );
+                }
+                Placement::Chosen { worker_id: snapshot.id.clone(), score: b.score, explanation: Some(explanation) }
+            }
             None => Placement::Pending(explanation),
         }
+    }
+
+    /// Whether some worker serving the request's type holds its model warm.
+    fn warm_somewhere(&self, request: &Request) -> bool {
+        let Some(model) = request.model.as_deref() else {
+            return false;
+        };
+        let serving: &[usize] = self.by_type.get(request.task_type.as_str()).map_or(&[], Vec::as_slice);
+        serving.iter().any(|&i| self.workers[i].candidate.snapshot.warm(model).is_some())
     }
 
     /// Places one task, fast: workers serving the type are visited best static score first, and
@@ -538,6 +602,11 @@ impl<'a> FleetIndex<'a> {
             return Placement::Pending(explanation);
         }
         drop(unplaceable);
+        // Warmth reorders the eligible workers, so the best-first walk cannot stop early: place
+        // with the full walk (it also says which worker holds the model).
+        if self.warm_somewhere(request) {
+            return self.place_explained(request, stage, task_id, strategy, avoid, now_ms);
+        }
         let ranking = self.ranking(&request.task_type, strategy);
         let headroom = dynamic_headroom(strategy);
         let mut best: Option<Best> = None;
@@ -667,12 +736,13 @@ fn exclusion_rank(e: &Exclusion) -> usize {
     match e {
         Exclusion::NotSelected => 0,
         Exclusion::TaskType => 1,
-        Exclusion::Cpu { .. } => 2,
-        Exclusion::Memory { .. } => 3,
-        Exclusion::Gpu { .. } => 4,
-        Exclusion::Cordoned => 5,
-        Exclusion::Draining => 6,
-        Exclusion::NoFreeSlot { .. } => 7,
+        Exclusion::Tags => 2,
+        Exclusion::Cpu { .. } => 3,
+        Exclusion::Memory { .. } => 4,
+        Exclusion::Gpu { .. } => 5,
+        Exclusion::Cordoned => 6,
+        Exclusion::Draining => 7,
+        Exclusion::NoFreeSlot { .. } => 8,
     }
 }
 

@@ -5,8 +5,8 @@
 
 use crate::echo;
 use crate::event::{
-    EventBody, TaskCancelled, TaskDispatched, TaskFailed, TaskPending, TaskRef, TaskRequeued, TaskSkipped,
-    WorkflowEnded,
+    EventBody, TaskCancelled, TaskCompleted, TaskDispatched, TaskFailed, TaskMerged, TaskPending, TaskRef,
+    TaskRequeued, TaskSkipped, WorkflowEnded,
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
 use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
@@ -101,32 +101,165 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
                 batch_in_use: batch,
                 service_in_use: service,
                 cordoned: state.cordoned.contains(&w.id),
+                draining: state.draining.contains(&w.id),
             }
         })
         .collect();
     // Built once per round: every waiting task is placed against the same index.
     let mut index = FleetIndex::new(&candidates);
     let mut actions = Vec::new();
+    // Inference executions under way lead the identical requests that arrive while they run.
+    let mut leaders: HashMap<String, String> = HashMap::new();
+    for wf in state.running_workflows() {
+        for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
+            if let Some(key) = merge_key(wf, t) {
+                leaders.entry(key).or_insert_with(|| t.def.task_id.clone());
+            }
+        }
+    }
     // Oldest submission first, so a busy fleet serves workflows in the order they came.
     for wf in state.running_workflows() {
-        decide_workflow(wf, &live, &mut index, now_ms, config, requests, &mut actions);
+        let round = Round { state, live: &live, now_ms, config };
+        decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
     }
+    actions.extend(prewarm_hints(state, &candidates));
     let used = std::mem::take(&mut requests.used);
     requests.known.retain(|key, _| used.contains(key));
     requests.used = used;
     actions
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Hints the router sends ahead of a backlog: a stage that will need a model once its upstream
+/// stages end, which no live worker holds warm, gets one idle worker that could run it asked to
+/// load the model now (`worker.prewarm_requested`, once per model; the lowest id among idle
+/// workers that pass every permanent rule).
+fn prewarm_hints(state: &State, candidates: &[Candidate<'_>]) -> Vec<Action> {
+    let mut asked: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    for wf in state.running_workflows() {
+        for t in wf.tasks.iter().filter(|t| t.status == TaskStatus::Waiting) {
+            let upstream_running = t.def.depends_on.iter().any(|d| wf.task(d).is_some_and(|u| !u.status.is_terminal()));
+            if !upstream_running {
+                continue;
+            }
+            let Ok(request) = placement::request_for(&t.def.task_type, &t.def.spec, t.def.selected_workers.clone())
+            else {
+                continue;
+            };
+            let Some(model) = request.model.clone() else { continue };
+            if state.prewarm_requested.contains(&model)
+                || asked.contains(&model)
+                || candidates.iter().any(|c| c.snapshot.warm(&model).is_some())
+            {
+                continue;
+            }
+            let idle = candidates
+                .iter()
+                .filter(|c| c.snapshot.status == crate::fleet::WorkerStatus::Idle && c.batch_in_use == 0)
+                .filter(|c| placement::explain(&request, c).is_empty())
+                .min_by(|a, b| a.snapshot.id.cmp(&b.snapshot.id));
+            if let Some(c) = idle {
+                asked.insert(model.clone());
+                out.push(Action::Publish(EventBody::WorkerPrewarmRequested(crate::event::WorkerPrewarm {
+                    worker_id: c.snapshot.id.clone(),
+                    model,
+                })));
+            }
+        }
+    }
+    out
+}
+
+/// What every decision of one round shares.
+struct Round<'a> {
+    state: &'a State,
+    live: &'a HashMap<&'a str, &'a WorkerSnapshot>,
+    now_ms: u64,
+    config: &'a Config,
+}
+
+/// Identical inference requests — same model, backend, generation parameters and inputs — share
+/// one execution. The key is the resolved spec without what does not change the output (where it
+/// may run, how often it may be retried, where results go); `None` for anything else.
+fn merge_key(wf: &WorkflowState, t: &TaskState) -> Option<String> {
+    if t.def.task_type != "inference" {
+        return None;
+    }
+    merge_key_of(&t.def.task_type, resolve_spec(wf, t).ok()?)
+}
+
+/// The merge key of a resolved spec (see `merge_key`); `None` for what is never merged.
+pub fn merge_key_of(task_type: &str, mut spec: serde_json::Value) -> Option<String> {
+    if task_type != "inference" || template::contains_placeholder(&spec) {
+        return None;
+    }
+    let map = spec.as_object_mut()?;
+    for key in ["output", "resources", "workerTags", "maxAttempts", "maxRuntimeSeconds", "dependsOn", "condition"] {
+        map.remove(key);
+    }
+    serde_json::to_string(&spec).ok()
+}
+
+/// The tasks an identical inference request would be merged into now: merge key → the task
+/// (on a worker, or waiting and ready) that leads it, oldest submission first. `flowmesh plan` asks.
+pub fn merge_leaders(state: &State) -> HashMap<String, String> {
+    let mut leaders = HashMap::new();
+    for wf in state.running_workflows() {
+        for t in &wf.tasks {
+            let ready = || t.def.depends_on.iter().all(|d| wf.task(d).is_some_and(|u| u.status.is_terminal()));
+            let candidate =
+                t.status.is_on_worker() || (matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) && ready());
+            if candidate && let Some(key) = merge_key(wf, t) {
+                leaders.entry(key).or_insert_with(|| t.def.task_id.clone());
+            }
+        }
+    }
+    leaders
+}
+
+/// A merged task follows its leader: it completes with the leader's result, waits while the
+/// leader runs, and goes back to waiting on its own when the leader ends without a result.
+/// Cancelling it touches nobody else.
+fn decide_merged(wf: &WorkflowState, t: &TaskState, tref: TaskRef, state: &State) -> Option<Action> {
+    if wf.cancel_requested || t.cancel_requested {
+        return Some(Action::Publish(EventBody::TaskCancelled(TaskCancelled {
+            task: tref,
+            worker_id: None,
+            reason: "cancel requested while merged; the shared execution goes on for the others".to_owned(),
+        })));
+    }
+    let leader = t.merged_into.as_deref().and_then(|id| state.task(id));
+    match leader.map(|l| (l.status, l)) {
+        Some((TaskStatus::Completed, l)) => Some(Action::Publish(EventBody::TaskCompleted(TaskCompleted {
+            task: tref,
+            worker_id: l.worker_id.clone().unwrap_or_default(),
+            result: l.result.clone(),
+            result_object: l.result_object.clone().unwrap_or_default(),
+            artifacts: l.artifacts.clone(),
+            upload_ms: None,
+        }))),
+        Some((TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped, _)) | None => {
+            let reason =
+                format!("the execution it shared ({}) ended without a result", t.merged_into.as_deref().unwrap_or("?"));
+            Some(Action::Publish(EventBody::TaskRequeued(TaskRequeued {
+                task: TaskRef { attempt: t.attempt + 1, ..tref },
+                reason,
+                worker_id: None,
+            })))
+        }
+        Some(_) => None,
+    }
+}
+
 fn decide_workflow(
     wf: &WorkflowState,
-    live: &HashMap<&str, &WorkerSnapshot>,
+    round: &Round<'_>,
     index: &mut FleetIndex<'_>,
-    now_ms: u64,
-    config: &Config,
     requests: &mut Requests,
+    leaders: &mut HashMap<String, String>,
     actions: &mut Vec<Action>,
 ) {
+    let (live, now_ms, config) = (round.live, round.now_ms, round.config);
     let ends_before = actions.len();
     for t in &wf.tasks {
         let tref = task_ref(&wf.workflow_id, t);
@@ -167,8 +300,13 @@ fn decide_workflow(
                 };
                 actions.push(Action::Publish(body));
             }
+            TaskStatus::Merged => {
+                if let Some(action) = decide_merged(wf, t, tref, round.state) {
+                    actions.push(action);
+                }
+            }
             TaskStatus::Waiting | TaskStatus::Pending => {
-                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config, requests) {
+                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config, requests, leaders) {
                     if let Action::Dispatch { event, .. } = &action {
                         index.occupy(&event.worker_id, uses_service_slot(&t.def.task_type));
                     }
@@ -199,6 +337,7 @@ fn decide_workflow(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decide_waiting(
     wf: &WorkflowState,
     t: &TaskState,
@@ -207,6 +346,7 @@ fn decide_waiting(
     now_ms: u64,
     config: &Config,
     requests: &mut Requests,
+    leaders: &mut HashMap<String, String>,
 ) -> Option<Action> {
     let fail = |tref: TaskRef, reason: &str, message: String| {
         Some(Action::Publish(EventBody::TaskFailed(TaskFailed {
@@ -262,6 +402,22 @@ fn decide_waiting(
                     actual.map_or_else(|| "absent".to_owned(), |a| format!("{a:?}"))
                 ),
             })));
+        }
+    }
+    if let Some(merge) = merge_key(wf, t) {
+        match leaders.get(&merge) {
+            Some(leader) if leader != &t.def.task_id => {
+                let message = format!("{} merged with {leader}: one execution, its result for both", t.def.stage);
+                return Some(Action::Publish(EventBody::TaskMerged(TaskMerged {
+                    task: tref,
+                    into: leader.clone(),
+                    message,
+                })));
+            }
+            Some(_) => {}
+            None => {
+                leaders.insert(merge, t.def.task_id.clone());
+            }
         }
     }
     let key = (t.def.task_id.clone(), t.attempt);

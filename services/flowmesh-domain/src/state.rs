@@ -21,6 +21,8 @@ pub enum TaskStatus {
     Running,
     /// The attempt failed and may be retried; the router requeues it.
     Retrying,
+    /// Coalesced into an identical task's execution (`merged_into`); ends with its result.
+    Merged,
     Completed,
     Failed,
     Skipped,
@@ -59,6 +61,9 @@ pub struct TaskState {
     /// `task.updated` events seen for the current attempt.
     pub updates: u64,
     pub cancel_requested: bool,
+    /// The task whose execution this one shares (`task.merged`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_into: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,7 +124,13 @@ pub struct State {
     /// Worker id → the `started_at` of the incarnation last seen joining.
     pub joined_workers: BTreeMap<String, String>,
     pub cordoned: BTreeSet<String>,
-    /// Cordon/uncordon events seen, to derive the next one's id.
+    /// Models a prewarm hint was sent for (the router asks once per model).
+    #[serde(default)]
+    pub prewarm_requested: BTreeSet<String>,
+    /// Workers an operator asked to drain (until uncordoned).
+    #[serde(default)]
+    pub draining: BTreeSet<String>,
+    /// Cordon/uncordon/drain events seen, to derive the next one's id.
     pub cordon_events: u64,
     /// The last stream sequence folded in (for checkpoints).
     pub last_seq: u64,
@@ -178,6 +189,27 @@ impl State {
                 t.worker_id = Some(e.worker_id.clone());
                 Applied::Changed
             }),
+            EventBody::TaskMerged(e) => self.update_task(&e.task, |t| {
+                if !matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending) {
+                    return Applied::Ignored("task is not waiting");
+                }
+                t.status = TaskStatus::Merged;
+                t.merged_into = Some(e.into.clone());
+                t.pending_message = None;
+                t.unplaceable_since_ms = None;
+                Applied::Changed
+            }),
+            // A merged task ends with its leader's result, reported by the router in the name of
+            // the worker that ran the leader; it counts only while that leader did complete there.
+            EventBody::TaskCompleted(e) if self.completes_through_leader(&e.task.task_id, &e.worker_id) => self
+                .update_task(&e.task, |t| {
+                    t.status = TaskStatus::Completed;
+                    t.worker_id = Some(e.worker_id.clone());
+                    t.result = e.result.clone();
+                    t.result_object = Some(e.result_object.clone());
+                    t.artifacts = e.artifacts.clone();
+                    Applied::Changed
+                }),
             EventBody::TaskStarted(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 if t.status != TaskStatus::Dispatched {
                     return Applied::Ignored("task was not dispatched");
@@ -218,6 +250,7 @@ impl State {
                     t.attempt = e.task.attempt;
                     t.status = TaskStatus::Waiting;
                     t.worker_id = None;
+                    t.merged_into = None;
                     t.pending_message = None;
                     t.unplaceable_since_ms = None;
                     t.updates = 0;
@@ -271,6 +304,17 @@ impl State {
             EventBody::WorkerUncordoned(e) => {
                 self.cordon_events += 1;
                 self.cordoned.remove(&e.worker_id);
+                self.draining.remove(&e.worker_id);
+                Applied::Changed
+            }
+            // A hint to a worker; what it then holds warm is in its snapshot.
+            EventBody::WorkerPrewarmRequested(e) => {
+                self.prewarm_requested.insert(e.model.clone());
+                Applied::Changed
+            }
+            EventBody::WorkerDrainRequested(e) => {
+                self.cordon_events += 1;
+                self.draining.insert(e.worker_id.clone());
                 Applied::Changed
             }
         }
@@ -296,6 +340,7 @@ impl State {
                 message: None,
                 updates: 0,
                 cancel_requested: false,
+                merged_into: None,
             })
             .collect();
         for (i, t) in tasks.iter().enumerate() {
@@ -317,6 +362,15 @@ impl State {
                 reason: None,
             },
         );
+    }
+
+    /// Whether `task_id` is merged into a leader that completed on `worker`.
+    fn completes_through_leader(&self, task_id: &str, worker: &str) -> bool {
+        self.task(task_id)
+            .filter(|t| t.status == TaskStatus::Merged)
+            .and_then(|t| t.merged_into.as_deref())
+            .and_then(|leader| self.task(leader))
+            .is_some_and(|l| l.status == TaskStatus::Completed && l.worker_id.as_deref() == Some(worker))
     }
 
     /// Applies `change` when the event is about the task's current attempt and the task has not

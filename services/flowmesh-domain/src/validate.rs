@@ -19,6 +19,13 @@ pub const SINGLE_STAGE: &str = "main";
 /// Decodes and validates a submission body; on failure, every problem found.
 pub fn validate_submission(body: &[u8], workflow_id: &str) -> Result<Workflow, Vec<Problem>> {
     let doc = decode::decode(body).map_err(|p| vec![p])?;
+    if crate::n8n::is_n8n(&doc) {
+        let translated = crate::n8n::translate(&doc)?;
+        return validate_document(&translated, workflow_id).map_err(|problems| {
+            let note = "in the flowmesh/v1 document translated from n8n";
+            problems.into_iter().map(|p| Problem { message: format!("{} ({note})", p.message), ..p }).collect()
+        });
+    }
     validate_document(&doc, workflow_id).map_err(|mut problems| {
         // The body decoded, so it is UTF-8 text; JSON is YAML too, so one reader locates both.
         if let Ok(text) = std::str::from_utf8(body) {
@@ -68,7 +75,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             problems.insert(Problem::new(&name_path, format!("stage name {:?} is used more than once", stage.name)));
         }
     }
-    let deps: Vec<Vec<usize>> = stages
+    let declared: Vec<Vec<usize>> = stages
         .iter()
         .enumerate()
         .map(|(i, stage)| {
@@ -90,7 +97,50 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             out
         })
         .collect();
-    let order = match topological_order(&deps) {
+    // `schedule_hint.node_execution_order`: epochs run one after another (a barrier), and the
+    // stages of an epoch are dispatched in the listed order.
+    let epochs = execution_epochs(doc, &index, &mut problems);
+    let mut deps = declared.clone();
+    let mut rank: Vec<usize> = (0..stages.len()).collect();
+    if let Some(epochs) = &epochs {
+        let epoch_of: HashMap<usize, usize> =
+            epochs.iter().enumerate().flat_map(|(k, members)| members.iter().map(move |&i| (i, k))).collect();
+        for (position, &i) in epochs.iter().flatten().enumerate() {
+            rank[i] = position;
+        }
+        let before = problems.len();
+        for (i, stage) in stages.iter().enumerate() {
+            for (dep, path) in stage.depends_on.iter().flatten() {
+                if let Some(&j) = index.get(dep.as_str())
+                    && j != i
+                    && epoch_of[&j] >= epoch_of[&i]
+                {
+                    problems.insert(Problem::new(
+                        path,
+                        format!(
+                            "stage {:?} depends on {dep:?}, which node_execution_order puts in {} epoch",
+                            stage.name,
+                            if epoch_of[&j] == epoch_of[&i] { "the same" } else { "a later" }
+                        ),
+                    ));
+                }
+            }
+        }
+        // Barriers only for a consistent hint: contradicting edges would also read as a cycle.
+        if problems.len() == before {
+            for pair in epochs.windows(2) {
+                for &i in &pair[1] {
+                    for &j in &pair[0] {
+                        if !deps[i].contains(&j) {
+                            deps[i].push(j);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    check_selected_stages(doc, &index, &mut problems);
+    let order = match topological_order(&deps, &rank) {
         Ok(order) => order,
         Err(cyclic) => {
             for i in cyclic {
@@ -138,7 +188,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         check_memory(&merged, &locate, &mut problems);
 
         let upstream: HashSet<&str> = ancestors[i].iter().map(|&a| stages[a].name.as_str()).collect();
-        let direct: HashSet<&str> = deps[i].iter().map(|&d| stages[d].name.as_str()).collect();
+        let direct: HashSet<&str> = declared[i].iter().map(|&d| stages[d].name.as_str()).collect();
         template::walk(&merged, "", &mut |pointer, placeholder| {
             // `${stage.task_id}` is known at submit, so any other stage of the workflow may be named.
             let is_task_id = placeholder.path.len() == 1 && placeholder.path[0] == "task_id";
@@ -193,6 +243,8 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             .and_then(Value::as_u64)
             .map(|n| n.clamp(1, 100) as u32)
             .unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        let mut merged = merged;
+        crate::secret::redact(&mut merged);
         tasks.push(TaskDef {
             task_id: ids::task_id(workflow_id, &stage.name),
             stage: stage.name.clone(),
@@ -216,6 +268,21 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         owner: text("owner"),
         tasks,
     })
+}
+
+/// Each stage's name and merged spec, as `validate_document` expands them (no checks).
+pub(crate) fn stage_specs(doc: &Value) -> Vec<(String, Value)> {
+    let Some(spec) = doc.get("spec").filter(|s| s.is_object()) else {
+        return Vec::new();
+    };
+    let (root, stages) = split_stages(spec);
+    stages
+        .into_iter()
+        .map(|stage| {
+            let merged = if stage.spec_path == "/spec" { root.clone() } else { deep_merge(&root, &stage.spec) };
+            (stage.name, merged)
+        })
+        .collect()
 }
 
 /// Problems in a stable order: by path, then message.
@@ -270,7 +337,9 @@ fn split_stages(spec: &Value) -> (Value, Vec<RawStage>) {
         if let Some(inner) = read_names(spec.get("dependsOn"), &push(&spec_path, "dependsOn")) {
             depends_on.get_or_insert_with(Vec::new).extend(inner);
         }
-        if depends_on.as_ref().is_none_or(Vec::is_empty) && i > 0 {
+        // A stage without dependencies follows the previous one; a graph node without them is a
+        // root and runs beside the other roots.
+        if is_stages && depends_on.as_ref().is_none_or(Vec::is_empty) && i > 0 {
             depends_on = Some(vec![(stage_name(&list[i - 1], i - 1, is_stages), push(&entry_path, "name"))]);
         }
         let condition = entry.get("condition").map(|c| (c.clone(), push(&entry_path, "condition")));
@@ -296,8 +365,87 @@ fn read_names(value: Option<&Value>, path: &str) -> Option<Vec<(String, String)>
     Some(items.iter().enumerate().filter_map(|(j, v)| v.as_str().map(|s| (s.to_owned(), push(path, j)))).collect())
 }
 
-/// Kahn's algorithm, lowest index first so the order is stable. `Err` holds the stages on cycles.
-fn topological_order(deps: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
+/// Where the schedule hints sit in a document.
+const HINT_PATH: &str = "/metadata/annotations/schedule_hint";
+
+/// The epochs of `schedule_hint.node_execution_order` as stage indexes, when the hint is given
+/// and names every stage exactly once; its problems otherwise. A flat list is one epoch.
+fn execution_epochs(
+    doc: &Value,
+    index: &HashMap<&str, usize>,
+    problems: &mut BTreeSet<Problem>,
+) -> Option<Vec<Vec<usize>>> {
+    let base = format!("{HINT_PATH}/node_execution_order");
+    let items = doc.pointer(&base)?.as_array()?;
+    // (name, pointer) per epoch; the schema reports other shapes.
+    let epochs: Vec<Vec<(&str, String)>> = if items.iter().all(Value::is_string) {
+        vec![items.iter().enumerate().filter_map(|(j, v)| Some((v.as_str()?, push(&base, j)))).collect()]
+    } else {
+        items
+            .iter()
+            .enumerate()
+            .map(|(k, epoch)| {
+                let path = push(&base, k);
+                epoch
+                    .as_array()
+                    .map(|names| {
+                        names.iter().enumerate().filter_map(|(j, v)| Some((v.as_str()?, push(&path, j)))).collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let before = problems.len();
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut out = Vec::with_capacity(epochs.len());
+    for epoch in &epochs {
+        let mut members = Vec::with_capacity(epoch.len());
+        for (name, path) in epoch {
+            match index.get(name) {
+                None => {
+                    problems.insert(Problem::new(path, format!("node_execution_order names unknown stage {name:?}")));
+                }
+                Some(_) if !seen.insert(name) => {
+                    problems.insert(Problem::new(
+                        path,
+                        format!("node_execution_order names stage {name:?} more than once"),
+                    ));
+                }
+                Some(&i) => members.push(i),
+            }
+        }
+        out.push(members);
+    }
+    let mut missing: Vec<&str> = index.keys().copied().filter(|name| !seen.contains(name)).collect();
+    missing.sort_by_key(|name| index[name]);
+    if !missing.is_empty() {
+        problems.insert(Problem::new(
+            &base,
+            format!("node_execution_order must name every stage exactly once; missing: {}", missing.join(", ")),
+        ));
+    }
+    (problems.len() == before).then_some(out)
+}
+
+/// `selected_worker.selected` may only name stages of the workflow.
+fn check_selected_stages(doc: &Value, index: &HashMap<&str, usize>, problems: &mut BTreeSet<Problem>) {
+    let path = format!("{HINT_PATH}/selected_worker/selected");
+    let Some(Value::Object(selected)) = doc.pointer(&path) else {
+        return;
+    };
+    for stage in selected.keys() {
+        if !index.contains_key(stage.as_str()) {
+            problems.insert(Problem::new(
+                push(&path, stage.as_str()),
+                format!("selected_worker names stage {stage:?}, which is not in the workflow"),
+            ));
+        }
+    }
+}
+
+/// Kahn's algorithm, lowest `rank` first so the order is stable (the document's order, or the
+/// order `node_execution_order` lists). `Err` holds the stages on cycles.
+fn topological_order(deps: &[Vec<usize>], rank: &[usize]) -> Result<Vec<usize>, Vec<usize>> {
     let n = deps.len();
     let mut remaining: Vec<usize> = deps.iter().map(Vec::len).collect();
     let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -306,14 +454,14 @@ fn topological_order(deps: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
             dependants[d].push(i);
         }
     }
-    let mut ready: BTreeSet<usize> = (0..n).filter(|&i| remaining[i] == 0).collect();
+    let mut ready: BTreeSet<(usize, usize)> = (0..n).filter(|&i| remaining[i] == 0).map(|i| (rank[i], i)).collect();
     let mut order = Vec::with_capacity(n);
-    while let Some(i) = ready.pop_first() {
+    while let Some((_, i)) = ready.pop_first() {
         order.push(i);
         for &k in &dependants[i] {
             remaining[k] -= 1;
             if remaining[k] == 0 {
-                ready.insert(k);
+                ready.insert((rank[k], k));
             }
         }
     }

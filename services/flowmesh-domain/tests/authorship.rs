@@ -21,6 +21,7 @@ fn completed(worker: &str) -> Event {
         result: None,
         result_object: "wf-1-main/results.json".into(),
         artifacts: Vec::new(),
+        upload_ms: None,
     });
     Event::new(body, "t".into(), 0)
 }

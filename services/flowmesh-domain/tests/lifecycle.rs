@@ -98,6 +98,7 @@ impl Scenario {
             result: Some(result),
             result_object: format!("wf-1-{stage}/results.json"),
             artifacts: Vec::new(),
+            upload_ms: None,
         }))
     }
 
@@ -255,6 +256,7 @@ fn only_the_worker_holding_a_task_reports_on_it() {
         result: None,
         result_object: String::new(),
         artifacts: Vec::new(),
+        upload_ms: None,
     }));
     assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
     let sent = s.route();
@@ -372,4 +374,122 @@ fn a_busy_fleet_serves_workflows_in_submission_order() {
         })
         .collect();
     assert_eq!(dispatched, ["wf-2"]);
+}
+
+/// Two identical inference requests (a, b) and a different one (c), all roots.
+const IDENTICAL_INFERENCE: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: merge}
+spec:
+  taskType: inference
+  model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
+  inference: {max_tokens: 32, temperature: 0}
+  graph:
+    nodes:
+      - {name: a, spec: {data: {type: list, items: [hello]}}}
+      - {name: b, spec: {data: {type: list, items: [hello]}, output: {artifacts: [results.json]}}}
+      - {name: c, spec: {data: {type: list, items: [goodbye]}}}
+"#;
+
+#[test]
+fn an_identical_inference_request_is_merged_and_gets_the_result_as_its_own() {
+    let mut s = Scenario::new(IDENTICAL_INFERENCE, vec![worker("w1", &["inference"])]);
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["a"], "one execution; c waits for the slot");
+    assert_eq!(s.status("b"), TaskStatus::Merged);
+    let merged = s.state.task("wf-1-b").unwrap();
+    assert_eq!(merged.merged_into.as_deref(), Some("wf-1-a"));
+    assert_eq!(s.status("c"), TaskStatus::Pending, "different inputs are not merged");
+    // Only the leader's completion, reported for the merged task, ends it: not before.
+    let early = s.apply(EventBody::TaskCompleted(TaskCompleted {
+        task: s.tref("b", 1),
+        worker_id: "w1".into(),
+        result: None,
+        result_object: String::new(),
+        artifacts: Vec::new(),
+        upload_ms: None,
+    }));
+    assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
+    s.complete("w1", "a", 1, json!({"items": [{"output": "hi"}]}));
+    let sent = s.route();
+    assert_eq!(s.status("b"), TaskStatus::Completed);
+    let b = s.state.task("wf-1-b").unwrap();
+    assert_eq!((b.result.clone(), b.worker_id.as_deref()), (Some(json!({"items": [{"output": "hi"}]})), Some("w1")));
+    assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert!(s.kinds().contains(&"task.merged"));
+}
+
+#[test]
+fn cancelling_a_merged_task_leaves_the_shared_execution_alone() {
+    use flowmesh_domain::event::TaskCancelRequested;
+    let mut s = Scenario::new(IDENTICAL_INFERENCE, vec![worker("w1", &["inference"])]);
+    s.route();
+    s.apply(EventBody::TaskCancelRequested(TaskCancelRequested {
+        workflow_id: "wf-1".into(),
+        task_id: Some("wf-1-b".into()),
+        reason: "not needed".into(),
+    }));
+    s.route();
+    assert_eq!(s.status("b"), TaskStatus::Cancelled);
+    assert_eq!(s.status("a"), TaskStatus::Dispatched, "the execution goes on");
+    s.complete("w1", "a", 1, json!({"ok": true}));
+    s.route();
+    assert_eq!(s.status("a"), TaskStatus::Completed);
+}
+
+#[test]
+fn when_the_shared_execution_fails_a_merged_task_runs_on_its_own() {
+    let mut s = Scenario::new(IDENTICAL_INFERENCE, vec![worker("w1", &["inference"])]);
+    s.route();
+    s.fail("w1", "a", 1, false);
+    let sent = s.route();
+    assert_eq!((s.status("a"), s.status("b")), (TaskStatus::Failed, TaskStatus::Waiting));
+    assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["c"], "c took the freed slot");
+    s.complete("w1", "c", 1, json!({"ok": true}));
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| (o.1.as_str(), o.2)).collect::<Vec<_>>(), [("b", 2)], "b runs itself, attempt 2");
+}
+
+const PREP_THEN_ANSWER: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: ahead}
+spec:
+  stages:
+    - {name: prep, spec: {taskType: echo, data: {type: list, items: [x]}}}
+    - name: answer
+      spec:
+        taskType: inference
+        model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
+        data: {type: list, items: [hello]}
+"#;
+
+#[test]
+fn the_router_asks_an_idle_capable_worker_to_prewarm_a_model_a_stage_will_need() {
+    let fleet = vec![worker("w1", &["echo"]), worker("w2", &["inference"]), worker("w3", &["inference"])];
+    let mut s = Scenario::new(PREP_THEN_ANSWER, fleet.clone());
+    s.route();
+    let hints: Vec<(String, String)> = s
+        .log
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::WorkerPrewarmRequested(p) => Some((p.worker_id.clone(), p.model.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hints, [("w2".to_owned(), "Qwen/Qwen3-0.6B".to_owned())], "one idle capable worker, lowest id");
+    s.route();
+    assert_eq!(s.kinds().iter().filter(|k| **k == "worker.prewarm_requested").count(), 1, "asked once per model");
+
+    // A model some worker already holds warm needs no hint.
+    let mut warm = fleet;
+    warm[2].warm_models = vec![flowmesh_domain::fleet::WarmModel {
+        id: "Qwen/Qwen3-0.6B".into(),
+        size_bytes: 1,
+        state: flowmesh_domain::fleet::WarmState::Cached,
+    }];
+    let mut s = Scenario::new(PREP_THEN_ANSWER, warm);
+    s.route();
+    assert!(!s.kinds().contains(&"worker.prewarm_requested"));
 }

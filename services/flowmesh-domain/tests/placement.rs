@@ -17,7 +17,7 @@ fn gb10(id: &str, shared_gib: u64) -> WorkerSnapshot {
 }
 
 fn candidate(w: &WorkerSnapshot) -> Candidate<'_> {
-    Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false }
+    Candidate { snapshot: w, batch_in_use: 0, service_in_use: 0, cordoned: false, draining: false }
 }
 
 fn spec(hardware: Value) -> Value {
@@ -212,6 +212,7 @@ fn random_fleet(next: &mut impl FnMut(u64) -> u64, types: &[&str]) -> Vec<Worker
             );
             w.cost_per_hour = 1.0 + next(5) as f64;
             w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
+            w.tags = ["pool-a", "spot"].iter().filter(|_| next(2) == 0).map(|t| t.to_string()).collect();
             w
         })
         .collect()
@@ -224,7 +225,9 @@ fn random_request(next: &mut impl FnMut(u64) -> u64, task_type: &str) -> flowmes
         1 => json!({"cpu": 8, "memory": "32Gi"}),
         _ => json!({"gpu": {"count": 1 + next(2), "memory": "20GB"}}),
     };
-    request_for(task_type, &spec(hw), None).unwrap()
+    let mut spec = spec(hw);
+    spec["workerTags"] = [json!([]), json!(["pool-a"]), json!(["!spot"])][next(3) as usize].clone();
+    request_for(task_type, &spec, None).unwrap()
 }
 
 /// The fleet with random slot use (below `in_use_below`) and one worker in ten cordoned.
@@ -240,6 +243,7 @@ fn random_candidates<'a>(
             batch_in_use: next(in_use_below) as u32,
             service_in_use: 0,
             cordoned: next(10) == 0,
+            draining: next(20) == 0,
         })
         .collect()
 }
@@ -327,4 +331,120 @@ fn a_remembered_explanation_is_what_a_fresh_walk_says() {
     }
     // The property is only worth something if the memory was used, many times.
     assert!(remembered > 100 && waited > remembered, "{remembered} remembered of {waited} waits");
+}
+
+#[test]
+fn worker_tags_select_and_are_explained_like_any_other_reason() {
+    let tagged = |id: &str, tags: &[&str]| {
+        let mut w = worker(id, &["echo"], 4, 8, &[]);
+        w.tags = tags.iter().map(|t| t.to_string()).collect();
+        w
+    };
+    let pool_a = tagged("a", &["pool-a", "zone=eu"]);
+    let pool_a_spot = tagged("b", &["pool-a", "spot"]);
+    let untagged = tagged("c", &[]);
+    // (selector, worker, fits)
+    let table: [(&[&str], &WorkerSnapshot, bool); 8] = [
+        (&[], &untagged, true),
+        (&["pool-a"], &pool_a, true),
+        (&["pool-a"], &untagged, false),
+        (&["pool-a", "zone=eu"], &pool_a, true),
+        (&["pool-a", "zone=eu"], &pool_a_spot, false),
+        (&["!spot"], &pool_a_spot, false),
+        (&["!spot"], &untagged, true),
+        (&["pool-a", "!spot"], &pool_a, true),
+    ];
+    for (selector, w, fits) in table {
+        let request = request_for("echo", &json!({ "workerTags": selector }), None).unwrap();
+        let exclusions = explain(&request, &candidate(w));
+        assert_eq!(exclusions.is_empty(), fits, "{selector:?} on {}: {exclusions:?}", w.id);
+        if !fits {
+            assert_eq!(exclusions, vec![Exclusion::Tags]);
+            assert!(Exclusion::Tags.is_permanent(), "tags do not change while a worker lives");
+        }
+    }
+    let request = request_for("echo", &json!({ "workerTags": ["pool-a", "!spot"] }), None).unwrap();
+    let fleet = [candidate(&pool_a_spot), candidate(&untagged)];
+    match place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Pending(e) => assert_eq!(
+            (e.capable, e.message.as_str()),
+            (0, "0/2 workers can run stage \"s\": 2 do not match workerTags [pool-a, !spot]")
+        ),
+        other => panic!("{other:?}"),
+    }
+    let fleet = [candidate(&pool_a_spot), candidate(&pool_a), candidate(&untagged)];
+    match place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a"),
+        other => panic!("{other:?}"),
+    }
+    assert!(request_for("echo", &json!({ "workerTags": "pool-a" }), None).is_err());
+}
+
+#[test]
+fn an_operator_drain_stops_new_work_and_is_transient() {
+    let w = worker("w", &["echo"], 4, 8, &[]);
+    let request = request_for("echo", &json!({}), None).unwrap();
+    let draining = Candidate { draining: true, ..candidate(&w) };
+    assert_eq!(explain(&request, &draining), vec![Exclusion::Draining]);
+    match place(&request, "s", "t", &[draining], Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Pending(e) => {
+            assert_eq!((e.capable, e.message.as_str()), (1, "0/1 workers can run stage \"s\": 1 is draining"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_warm_worker_is_preferred_among_eligible_ones_and_never_over_a_rule() {
+    use flowmesh_domain::fleet::{WarmModel, WarmState};
+    let warm = |mut w: WorkerSnapshot, state: WarmState| {
+        w.warm_models = vec![WarmModel { id: "Qwen/Qwen3-0.6B".into(), size_bytes: 2 * GIB, state }];
+        w
+    };
+    // The cold one is the better fit by throughput and cost; the warm one wins anyway.
+    let big_cold = worker("a-big", &["inference"], 64, 512, &[("NVIDIA H100", 80)]);
+    let small_warm = warm(worker("b-small", &["inference"], 8, 32, &[("NVIDIA T4", 16)]), WarmState::Cached);
+    let cpu_warm = warm(worker("c-cpu", &["inference"], 64, 512, &[]), WarmState::Loaded);
+    let spec = json!({"model": {"source": {"type": "huggingface", "identifier": "qwen/qwen3-0.6b"}},
+                      "resources": {"hardware": {"gpu": {"count": 1}}}});
+    let request = request_for("inference", &spec, None).unwrap();
+    assert_eq!(request.model.as_deref(), Some("qwen/qwen3-0.6b"));
+    let fleet = [candidate(&big_cold), candidate(&small_warm), candidate(&cpu_warm)];
+    let index = flowmesh_domain::placement::FleetIndex::new(&fleet);
+    for placed in [
+        place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0),
+        index.place(&request, "s", "t", Strategy::BestFit, &BTreeSet::new(), 0),
+    ] {
+        match placed {
+            Placement::Chosen { worker_id, explanation, .. } => {
+                assert_eq!(worker_id, "b-small", "warm wins among eligible; c-cpu has no GPU however warm");
+                let message = explanation.expect("a warm choice is explained").message;
+                assert!(message.ends_with("b-small holds Qwen/Qwen3-0.6B warm (cached, 2 GiB)"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Without the model in the request, or when the warm one failed the task, the best fit wins.
+    let plain = request_for("inference", &json!({"resources": {"hardware": {"gpu": {"count": 1}}}}), None).unwrap();
+    let chosen = |r: &flowmesh_domain::placement::Request, avoid: &[&str]| match place(
+        r,
+        "s",
+        "t",
+        &fleet,
+        Strategy::BestFit,
+        &avoid.iter().map(|s| s.to_string()).collect(),
+        0,
+    ) {
+        Placement::Chosen { worker_id, .. } => worker_id,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(chosen(&plain, &[]), "a-big");
+    assert_eq!(chosen(&request, &["b-small"]), "a-big", "a worker that failed the task is avoided, warm or not");
+    // A busy warm worker: the task goes elsewhere rather than wait for warmth.
+    let busy = Candidate { batch_in_use: 2, ..candidate(&small_warm) };
+    let fleet = [candidate(&big_cold), busy];
+    match place(&request, "s", "t", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a-big"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -102,6 +102,7 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
                 .collect(),
         ),
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
+        (subjects::prewarm("*"), vec![subjects::prewarm(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
     ];
     // Reports only under its own name: the log's readers take a report's author from its subject.

@@ -63,6 +63,12 @@ pub fn cancel(worker_id: &str) -> String {
     format!("{CONTROL_PREFIX}.{worker_id}.cancel")
 }
 
+/// Core-NATS subject on which a worker hears prewarm hints: `flowmesh.control.<worker_id>.prewarm`,
+/// payload = a model id (the `worker.prewarm_requested` event records each hint).
+pub fn prewarm(worker_id: &str) -> String {
+    format!("{CONTROL_PREFIX}.{worker_id}.prewarm")
+}
+
 /// Core-NATS subject carrying a running task's output as it is written:
 /// `flowmesh.logs.<task_id>.stdout` / `.stderr` (best effort; the stored logs are complete).
 pub fn logs(task_id: &str, stream: &str) -> String {

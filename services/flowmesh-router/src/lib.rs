@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod lease;
+mod secrets;
 
 use async_nats::jetstream::{self, consumer, kv};
 use flowmesh_domain::event::{Author, WorkerJoined, WorkerLost};
@@ -366,7 +367,14 @@ impl Router {
             .collect();
         let mut sent = Vec::with_capacity(events.len());
         for event in &events {
-            sent.push(publish::send_event(&self.handles.js, event, Author::Service).await?);
+            // A merged task's completion carries the result of the worker that ran the shared
+            // execution, in that worker's name: completions are only ever believed under a
+            // worker's name (`Event::read`), and the fold takes this one only from that worker.
+            let author = match &event.body {
+                EventBody::TaskCompleted(c) => Author::Worker(&c.worker_id),
+                _ => Author::Service,
+            };
+            sent.push(publish::send_event(&self.handles.js, event, author).await?);
         }
         for (in_flight, event) in sent.into_iter().zip(&events) {
             let seq = in_flight.stored(&self.handles.js).await?;
@@ -438,16 +446,31 @@ impl Router {
         // dispatched (a crash in between is completed by `resend_dispatched`).
         let mut bodies = Vec::with_capacity(actions.len());
         let mut orders = Vec::new();
+        let mut hints = Vec::new();
         for action in actions {
             match action {
-                Action::Publish(body) => bodies.push(body),
-                Action::Dispatch { event, order } => {
+                Action::Publish(body) => {
+                    // A prewarm hint is recorded, then delivered on the worker's control subject.
+                    if let EventBody::WorkerPrewarmRequested(p) = &body {
+                        hints.push((subjects::prewarm(&p.worker_id), p.model.clone()));
+                    }
+                    bodies.push(body);
+                }
+                Action::Dispatch { event, mut order } => {
+                    // A task whose secret cannot be read yet stays waiting; others go ahead.
+                    if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
+                        warn!(task_id = %order.task_id, error = %e, "secret not readable; dispatch deferred");
+                        continue;
+                    }
                     orders.push((event.worker_id.clone(), order));
                     bodies.push(EventBody::TaskDispatched(event));
                 }
             }
         }
         self.publish_all(bodies).await?;
+        for (subject, model) in hints {
+            let _ = self.client.publish(subject, model.into()).await;
+        }
         self.send_orders(&orders).await?;
         metrics::counter!("flowmesh_dispatches_total").increment(orders.len() as u64);
         Ok(())
@@ -477,7 +500,11 @@ impl Router {
                     continue;
                 };
                 if let Ok(spec) = schedule::resolve_spec(wf, t) {
-                    orders.push((worker.to_owned(), schedule::work_order(wf, t, spec)));
+                    let mut order = schedule::work_order(wf, t, spec);
+                    if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
+                        return Err(EdgeError::transient(order.msg_id(), std::io::Error::other(e)));
+                    }
+                    orders.push((worker.to_owned(), order));
                 }
             }
         }

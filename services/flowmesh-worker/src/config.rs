@@ -56,6 +56,10 @@ pub struct WorkerArgs {
     /// Seconds before an unacknowledged work order is redelivered (progress acks extend it while a task runs).
     #[arg(long, env = "WORKER_ACK_WAIT_SEC", default_value = "60", allow_hyphen_values = true)]
     pub worker_ack_wait_sec: String,
+    /// A Hugging Face hub cache whose models the snapshot advertises as warm (placement prefers
+    /// a worker that has a task's model). Default: HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub.
+    #[arg(long, env = "WORKER_MODEL_CACHE")]
+    pub worker_model_cache: Option<PathBuf>,
     /// Seconds in-flight tasks get to finish on SIGTERM before they are handed back.
     #[arg(long, env = "WORKER_DRAIN_GRACE_SEC", default_value = "30", allow_hyphen_values = true)]
     pub worker_drain_grace_sec: String,
@@ -80,6 +84,8 @@ pub struct Config {
     pub simulate_hw: Option<Hardware>,
     pub drain_grace: Duration,
     pub ack_wait: Duration,
+    /// Where warm models are found (`warm::scan`); `None` advertises none.
+    pub model_cache: Option<PathBuf>,
 }
 
 impl Config {
@@ -103,6 +109,7 @@ impl Config {
             simulate_hw: None,
             drain_grace: Duration::from_secs(5),
             ack_wait: Duration::from_secs(30),
+            model_cache: None,
         }
     }
 }
@@ -228,6 +235,11 @@ impl WorkerArgs {
             simulate_hw,
             drain_grace: Duration::from_secs(drain_grace),
             ack_wait: Duration::from_secs(ack_wait),
+            model_cache: self
+                .worker_model_cache
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty())
+                .or_else(crate::warm::default_dir),
         })
     }
 }

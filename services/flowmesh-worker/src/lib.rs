@@ -11,6 +11,7 @@ pub mod plugin;
 pub mod process;
 pub mod python;
 pub mod ssh;
+mod warm;
 
 pub use config::{Config, WorkerArgs};
 
@@ -56,6 +57,7 @@ struct Shared {
     started_at: String,
     idle_since_ms: Mutex<Option<u64>>,
     draining: std::sync::atomic::AtomicBool,
+    warm: warm::WarmCache,
 }
 
 /// Builds the executors whose runtime dependency is present, logging why each missing one is missing.
@@ -178,6 +180,7 @@ impl Shared {
             heartbeat_interval_sec: self.config.heartbeat_interval.as_millis().div_ceil(1000) as u64,
             ttl_sec: self.config.ttl.as_millis().div_ceil(1000) as u64,
             idle_since_ms: if active.is_empty() { *self.idle_since_ms.lock().expect("idle lock") } else { None },
+            warm_models: self.warm.models(),
         }
     }
 
@@ -238,6 +241,7 @@ pub async fn run(
         started_at: clock::now_rfc3339(),
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
         draining: std::sync::atomic::AtomicBool::new(false),
+        warm: warm::WarmCache::new(config.model_cache.clone(), config.heartbeat_interval),
         config,
     });
     let id = shared.config.worker_id.clone();
@@ -290,6 +294,11 @@ pub async fn run(
                 }
             }
         });
+    }
+
+    {
+        let sub = client.subscribe(subjects::prewarm(&id)).await?;
+        background.spawn(warm::listen(shared.clone(), sub));
     }
 
     let stream = handles.js.get_stream(subjects::WORK_STREAM).await?;
@@ -486,6 +495,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     if !start_stored {
         shared.report(&started).await;
     }
+    let storing = std::time::Instant::now();
     store_logs(shared, order, &work_dir).await;
     let task = task_ref(order);
     let outcome_name = match &outcome {
@@ -505,6 +515,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                     result: inline.then_some(result),
                     result_object,
                     artifacts,
+                    upload_ms: Some(storing.elapsed().as_millis() as u64),
                 })
             }
             Err(StoreError::Missing(name)) => failed(

@@ -15,6 +15,10 @@ pub struct Plugin {
     #[serde(default)]
     pub probe: Vec<String>,
     pub command: Vec<String>,
+    /// Loads a model ahead of the tasks that need it, on a prewarm hint (`FLOWMESH_PREWARM_MODEL`,
+    /// `FLOWMESH_MODEL_CACHE`); absent means this executor does not prewarm.
+    #[serde(default)]
+    pub prewarm: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

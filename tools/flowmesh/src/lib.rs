@@ -8,4 +8,5 @@ pub mod nats_server;
 pub mod plan;
 pub mod submit;
 pub mod table;
+pub mod timeline;
 pub mod views;

@@ -107,3 +107,13 @@ pub async fn fold(js: &jetstream::Context, filter: String) -> anyhow::Result<flo
     }
     Ok(state)
 }
+
+/// The fold of the workflow that holds task `task_id`, read with that workflow's filter: a task
+/// is born in its workflow's `submission.accepted`, which its own subjects do not match.
+pub async fn fold_task(js: &jetstream::Context, task_id: &str) -> anyhow::Result<flowmesh_domain::state::State> {
+    let workflow_id = flowmesh_domain::ids::workflow_of_task(task_id)
+        .ok_or_else(|| anyhow::anyhow!("{task_id:?} is not a task id (wf-<n>-<stage>)"))?;
+    let state = fold(js, subjects::workflow_events(workflow_id)).await?;
+    anyhow::ensure!(state.task(task_id).is_some(), "no task {task_id}");
+    Ok(state)
+}

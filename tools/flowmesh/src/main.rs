@@ -16,6 +16,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cmd;
+
 #[derive(Parser)]
 #[command(name = "flowmesh", version, about = "FlowMesh on NATS: put every ML task on a worker that can really run it")]
 struct Cli {
@@ -97,6 +99,14 @@ enum Command {
     Streams {
         #[command(subcommand)]
         command: StreamsCommand,
+    },
+    /// Where a workflow's time went: per task waiting, queued, placement, run and upload, and
+    /// the critical path; --svg FILE draws the timeline.
+    Trace(cmd::trace::Args),
+    /// A shell or a command in a running interactive ssh task (with your own key).
+    Ssh {
+        #[command(subcommand)]
+        command: cmd::ssh::Command,
     },
     /// Submit synthetic workflows and report tasks/s and latency percentiles (with --raw, as a
     /// ratio to the raw JetStream round trip on the same server).
@@ -186,8 +196,13 @@ enum WorkerCommand {
     Info { id: String },
     /// Stop placing new work on a worker.
     Cordon { id: String },
-    /// Place work on a worker again.
+    /// Place work on a worker again (also ends a drain).
     Uncordon { id: String },
+    /// Stop placing new work on a worker and let what it runs finish; `worker list` shows
+    /// `draining (N running)`, then `drained` (safe to stop it).
+    Drain { id: String },
+    /// Ask an idle worker to load a model ahead of the tasks that need it (a hint).
+    Prewarm { id: String, model: String },
 }
 
 #[derive(Subcommand)]
@@ -207,6 +222,12 @@ enum TaskCommand {
     },
     /// One task's whole state.
     Info { id: String },
+    /// Follow one task until it ends; print its result.
+    Watch {
+        id: String,
+        #[arg(long, default_value_t = 600)]
+        timeout_sec: u64,
+    },
     /// A task's captured output: stored logs, or live output with --follow while it runs.
     Logs {
         id: String,
@@ -217,11 +238,23 @@ enum TaskCommand {
         stderr: bool,
     },
     /// Stop one task (its worker kills the executor; a queued task is never dispatched).
+    #[command(visible_alias = "stop")]
     Cancel { id: String },
 }
 
 #[derive(Subcommand)]
 enum WorkflowCommand {
+    /// Submit a workflow document (as `flowmesh submit`).
+    Submit(SubmitArgs),
+    /// Check documents offline (as `flowmesh validate`).
+    Validate {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every task's captured output: stored, downloaded (--download DIR) or live (--follow).
+    Logs(cmd::logs::Args),
     List {
         #[arg(long)]
         status: Option<String>,
@@ -253,6 +286,8 @@ enum ResultCommand {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// A task's results, logs and artifacts as one .tgz bundle, digests verified.
+    Download(cmd::download::Args),
 }
 
 #[derive(Subcommand)]
@@ -344,6 +379,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             flowmesh_worker::run(config, client, handles, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Workflow { command: WorkflowCommand::Validate { files, json } } => Ok(validate_command(&files, json)),
+        Command::Workflow { command: WorkflowCommand::Submit(args) } => submit_command(&cli.nats, args).await,
         Command::Workflow { command } => workflow_command(&cli.nats, command).await,
         Command::Task { command } => task_command(&cli.nats, command).await,
         Command::Completions { shell } => {
@@ -375,6 +412,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Result { command: ResultCommand::Download(args) } => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::download::run(&handles.js, args).await
+        }
         Command::Result { command: ResultCommand::Fetch { task, out } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
             for (name, size) in views::fetch_results(&handles.js, &task, &out).await? {
@@ -383,6 +424,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench_command(&cli.nats, args).await,
+        Command::Ssh { command } => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::ssh::run(&handles.js, command).await
+        }
+        Command::Trace(args) => {
+            let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
+            cmd::trace::run(&handles.js, args).await
+        }
         Command::Streams { command: StreamsCommand::Status { wait, json } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
             let deadline = std::time::Instant::now() + Duration::from_secs(wait);
@@ -446,7 +495,16 @@ async fn plan_command(nats: &NatsArgs, file: &PathBuf, strategy: &str, json: boo
     let live: Vec<_> =
         views::workers(&handles.js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).map(|(w, _)| w).collect();
     let fleet_state = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;
-    let plans = flowmesh::plan::plan(&workflow, &live, &fleet_state.cordoned, strategy, clock::now_ms());
+    // Which running inference request an identical stage would share: read only when it can matter.
+    let leaders = if workflow.tasks.iter().any(|t| t.task_type == "inference") {
+        flowmesh_domain::schedule::merge_leaders(
+            &log::fold(&handles.js, format!("{}.>", subjects::EVENTS_PREFIX)).await?,
+        )
+    } else {
+        Default::default()
+    };
+    let (cordoned, draining) = (&fleet_state.cordoned, &fleet_state.draining);
+    let plans = flowmesh::plan::plan(&workflow, &live, cordoned, draining, &leaders, strategy, clock::now_ms());
     if json {
         println!("{}", serde_json::to_string_pretty(&plans)?);
     } else {
@@ -570,16 +628,32 @@ async fn verdict(js: &async_nats::jetstream::Context, workflow_id: &str, timeout
 }
 
 async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Result<ExitCode> {
-    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let (client, handles) = nats.handles("flowmesh-cli").await?;
     match command {
+        WorkerCommand::Prewarm { id, model } => return cmd::prewarm::run(&client, &handles.js, &id, &model).await,
         WorkerCommand::List { json } => {
             let workers = views::workers(&handles.js).await?;
+            let mut fleet = log::fold(&handles.js, format!("{}.fleet.>", subjects::EVENTS_PREFIX)).await?;
+            if !fleet.draining.is_empty() {
+                // What a draining worker still runs is in the log (its snapshot lags a heartbeat).
+                fleet = log::fold(&handles.js, format!("{}.>", subjects::EVENTS_PREFIX)).await?;
+            }
             if json {
-                let list: Vec<_> =
-                    workers.iter().map(|(w, age)| serde_json::json!({ "snapshot": w, "age_sec": age })).collect();
+                let list: Vec<_> = workers
+                    .iter()
+                    .map(|(w, age)| {
+                        serde_json::json!({
+                            "snapshot": w,
+                            "age_sec": age,
+                            "cordoned": fleet.cordoned.contains(&w.id),
+                            "draining": fleet.draining.contains(&w.id),
+                            "status": views::worker_status(w, &fleet),
+                        })
+                    })
+                    .collect();
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                views::print_workers(&workers);
+                views::print_workers(&workers, &fleet);
             }
         }
         WorkerCommand::Info { id } => {
@@ -590,7 +664,7 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
                 .ok_or_else(|| anyhow::anyhow!("no worker {id:?} in {}", subjects::WORKERS_BUCKET))?;
             println!("{}", serde_json::to_string_pretty(w)?);
         }
-        WorkerCommand::Cordon { id } | WorkerCommand::Uncordon { id }
+        WorkerCommand::Cordon { id } | WorkerCommand::Uncordon { id } | WorkerCommand::Drain { id }
             if !flowmesh_domain::ids::is_valid_worker_id(&id) =>
         {
             anyhow::bail!("{id:?} is not a worker id");
@@ -602,6 +676,10 @@ async fn worker_command(nats: &NatsArgs, command: WorkerCommand) -> anyhow::Resu
         WorkerCommand::Uncordon { id } => {
             operate(&handles.js, EventBody::WorkerUncordoned(WorkerCordon { worker_id: id.clone() })).await?;
             println!("{id} uncordoned");
+        }
+        WorkerCommand::Drain { id } => {
+            operate(&handles.js, EventBody::WorkerDrainRequested(WorkerCordon { worker_id: id.clone() })).await?;
+            println!("{id} draining: no new work; running tasks finish (see flowmesh worker list); uncordon to undo");
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -616,8 +694,12 @@ async fn operate(js: &async_nats::jetstream::Context, body: EventBody) -> anyhow
 }
 
 async fn workflow_command(nats: &NatsArgs, command: WorkflowCommand) -> anyhow::Result<ExitCode> {
-    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let (client, handles) = nats.handles("flowmesh-cli").await?;
     match command {
+        // FlowMesh's spellings of the top-level verbs; `run` sends them there.
+        WorkflowCommand::Submit(args) => return submit_command(nats, args).await,
+        WorkflowCommand::Validate { files, json } => return Ok(validate_command(&files, json)),
+        WorkflowCommand::Logs(args) => return cmd::logs::run(&client, &handles.js, args).await,
         WorkflowCommand::List { status, owner, json } => {
             let state = log::fold(&handles.js, format!("{}.*._.submission.>", subjects::EVENTS_PREFIX)).await?;
             let mut full = flowmesh_domain::state::State::default();
@@ -702,8 +784,11 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
                 print!("{}", views::task_table(&tasks));
             }
         }
+        TaskCommand::Watch { id, timeout_sec } => {
+            return cmd::task_watch::run(&handles.js, &id, Duration::from_secs(timeout_sec)).await;
+        }
         TaskCommand::Info { id } => {
-            let state = log::fold(&handles.js, subjects::task_events(&id)).await?;
+            let state = log::fold_task(&handles.js, &id).await?;
             let task = state.task(&id).ok_or_else(|| anyhow::anyhow!("no task {id}"))?;
             println!("{}", serde_json::to_string_pretty(task)?);
         }
@@ -723,7 +808,7 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
             tokio::io::copy(&mut reader, &mut out).await?;
         }
         TaskCommand::Cancel { id } => {
-            let state = log::fold(&handles.js, subjects::task_events(&id)).await?;
+            let state = log::fold_task(&handles.js, &id).await?;
             let task = state.task(&id).ok_or_else(|| anyhow::anyhow!("no task {id}"))?;
             let workflow_id = state
                 .workflows
@@ -856,6 +941,7 @@ async fn dev_command(args: DevArgs) -> anyhow::Result<ExitCode> {
         worker_hw,
         nats_server: args.nats_server,
         port: args.port,
+        no_worker_grace: Duration::from_secs(args.no_worker_grace_sec),
         ..Default::default()
     };
     let mut stack = dev::Stack::start(options).await?;

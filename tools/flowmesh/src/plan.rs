@@ -16,19 +16,29 @@ pub struct StagePlan {
     pub summary: String,
     /// Every live worker with the reasons it cannot take the stage (empty: it can).
     pub workers: Vec<WorkerFit>,
+    /// The queued or running task an identical inference request would be merged with now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merges_with: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 pub struct WorkerFit {
     pub worker_id: String,
     pub reasons: Vec<String>,
+    /// `holds MODEL warm (cached, 1.2 GiB)` when it has the stage's model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm: Option<String>,
 }
 
-/// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`).
+/// Plans every stage of `workflow` on `fleet` (live workers; cordoned ones named in `cordoned`,
+/// draining ones in `draining`; `leaders` from `schedule::merge_leaders`).
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     workflow: &Workflow,
     fleet: &[WorkerSnapshot],
     cordoned: &BTreeSet<String>,
+    draining: &BTreeSet<String>,
+    leaders: &std::collections::HashMap<String, String>,
     strategy: Strategy,
     now_ms: u64,
 ) -> Vec<StagePlan> {
@@ -39,6 +49,7 @@ pub fn plan(
             batch_in_use: w.slots.batch.in_use,
             service_in_use: w.slots.service.in_use,
             cordoned: cordoned.contains(&w.id),
+            draining: draining.contains(&w.id),
         })
         .collect();
     workflow
@@ -54,6 +65,7 @@ pub fn plan(
                         chosen: None,
                         summary: format!("its resources depend on upstream results; placed at dispatch ({e})"),
                         workers: Vec::new(),
+                        merges_with: None,
                     };
                 }
                 Err(e) => {
@@ -63,6 +75,7 @@ pub fn plan(
                         chosen: None,
                         summary: e,
                         workers: Vec::new(),
+                        merges_with: None,
                     };
                 }
             };
@@ -71,6 +84,14 @@ pub fn plan(
                 .map(|c| WorkerFit {
                     worker_id: c.snapshot.id.clone(),
                     reasons: placement::explain(&request, c).iter().map(|e| e.describe(&request, false)).collect(),
+                    warm: request.model.as_deref().and_then(|m| c.snapshot.warm(m)).map(|held| {
+                        format!(
+                            "holds {} warm ({}, {})",
+                            held.id,
+                            held.state.name(),
+                            flowmesh_domain::units::format_bytes(held.size_bytes)
+                        )
+                    }),
                 })
                 .collect();
             let (chosen, summary) =
@@ -83,7 +104,13 @@ pub fn plan(
                     }
                     Placement::Pending(explanation) => (None, explanation.message),
                 };
-            StagePlan { stage: t.stage.clone(), task_type: t.task_type.clone(), chosen, summary, workers }
+            let merges_with = flowmesh_domain::schedule::merge_key_of(&t.task_type, t.spec.clone())
+                .and_then(|key| leaders.get(&key).cloned());
+            let summary = match &merges_with {
+                Some(leader) => format!("would be merged with {leader} (an identical request already queued or running); otherwise {summary}"),
+                None => summary,
+            };
+            StagePlan { stage: t.stage.clone(), task_type: t.task_type.clone(), chosen, summary, workers, merges_with }
         })
         .collect()
 }
@@ -94,7 +121,10 @@ pub fn render(plans: &[StagePlan]) -> String {
     for p in plans {
         out += &format!("stage {:?} ({}): {}\n", p.stage, p.task_type, p.summary);
         for w in &p.workers {
-            let verdict = if w.reasons.is_empty() { "can run it".to_owned() } else { w.reasons.join("; ") };
+            let mut verdict = if w.reasons.is_empty() { "can run it".to_owned() } else { w.reasons.join("; ") };
+            if let Some(warm) = &w.warm {
+                verdict += &format!("; {warm}");
+            }
             let mark = if p.chosen.as_deref() == Some(w.worker_id.as_str()) { "*" } else { " " };
             out += &format!("  {mark} {:<20} {verdict}\n", w.worker_id);
         }

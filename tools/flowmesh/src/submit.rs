@@ -90,6 +90,9 @@ pub fn progress_line(event: &Event) -> Option<String> {
         EventBody::TaskDispatched(e) => {
             format!("{:<12} dispatched to {} (attempt {})", e.task.stage, e.worker_id, e.task.attempt)
         }
+        EventBody::TaskMerged(e) => {
+            format!("{:<12} merged with {} (one execution, its own result)", e.task.stage, e.into)
+        }
         EventBody::TaskStarted(e) => format!("{:<12} started on {}", e.task.stage, e.worker_id),
         EventBody::TaskUpdated(e) => format!("{:<12} {}", e.task.stage, e.message),
         EventBody::TaskCompleted(e) => format!("{:<12} completed ({} artifact(s))", e.task.stage, e.artifacts.len()),
@@ -114,7 +117,9 @@ pub fn progress_line(event: &Event) -> Option<String> {
         EventBody::WorkerJoined(_)
         | EventBody::WorkerLost(_)
         | EventBody::WorkerCordoned(_)
-        | EventBody::WorkerUncordoned(_) => return None,
+        | EventBody::WorkerUncordoned(_)
+        | EventBody::WorkerDrainRequested(_)
+        | EventBody::WorkerPrewarmRequested(_) => return None,
     };
     Some(line)
 }

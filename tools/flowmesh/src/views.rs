@@ -65,7 +65,12 @@ pub fn workflow_status_name(status: flowmesh_domain::state::WorkflowStatus) -> S
 
 /// What a person wants to know next to a task's status: why it failed, was skipped or waits.
 pub fn task_note(t: &TaskState) -> String {
-    t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone()).unwrap_or_default()
+    let note = t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone());
+    match (&t.merged_into, note) {
+        (Some(leader), None) => format!("merged with {leader}"),
+        (Some(leader), Some(note)) => format!("merged with {leader}; {note}"),
+        (None, note) => note.unwrap_or_default(),
+    }
 }
 
 /// Tasks as a table.
@@ -110,7 +115,25 @@ pub async fn workers(js: &jetstream::Context) -> anyhow::Result<Vec<(WorkerSnaps
     Ok(out)
 }
 
-pub fn print_workers(workers: &[(WorkerSnapshot, u64)]) {
+/// A worker's status with what operators asked of it: `idle`, `busy, cordoned`,
+/// `busy, draining (2 running)`, `idle, drained`. For a draining worker `fleet` is the fold of
+/// the whole log, which counts the tasks dispatched to or running on it.
+pub fn worker_status(w: &WorkerSnapshot, fleet: &State) -> String {
+    let mut status = format!("{:?}", w.status).to_lowercase();
+    if fleet.draining.contains(&w.id) {
+        let running = fleet
+            .running_workflows()
+            .flat_map(|wf| wf.tasks.iter())
+            .filter(|t| t.status.is_on_worker() && t.worker_id.as_deref() == Some(w.id.as_str()))
+            .count();
+        status += &if running == 0 { ", drained".to_owned() } else { format!(", draining ({running} running)") };
+    } else if fleet.cordoned.contains(&w.id) {
+        status += ", cordoned";
+    }
+    status
+}
+
+pub fn print_workers(workers: &[(WorkerSnapshot, u64)], fleet: &State) {
     let rows: Vec<Vec<String>> = workers
         .iter()
         .map(|(w, age)| {
@@ -123,19 +146,23 @@ pub fn print_workers(workers: &[(WorkerSnapshot, u64)]) {
             let stale = if *age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
             vec![
                 w.id.clone(),
-                format!("{:?}", w.status).to_lowercase(),
+                worker_status(w, fleet),
                 w.supported_task_types.join(","),
                 format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
                 gpus,
                 format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
                 stale,
                 if w.simulated { "yes".into() } else { "no".into() },
+                if w.tags.is_empty() { "-".into() } else { w.tags.join(",") },
             ]
         })
         .collect();
     print!(
         "{}",
-        table::render(&["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED"], &rows)
+        table::render(
+            &["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED", "TAGS"],
+            &rows
+        )
     );
 }
 
@@ -170,6 +197,12 @@ pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -
         fetched.push((relative.to_owned(), bytes.len() as u64));
     }
     if fetched.is_empty() {
+        // A merged task's files are those of the execution it shared.
+        if let Ok(state) = crate::log::fold_task(js, task_id).await
+            && let Some(leader) = state.task(task_id).and_then(|t| t.merged_into.clone())
+        {
+            return Box::pin(fetch_results(js, &leader, out)).await;
+        }
         anyhow::bail!("no stored results for task {task_id}");
     }
     Ok(fetched)

@@ -1,0 +1,77 @@
+//! `flowmesh result download TASK --include all -o bundle.tgz`: a task's stored files, digests
+//! verified, as one gzip'd tarball (made by the system's `tar`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Include {
+    /// Everything the task stored.
+    All,
+    /// `results.json` only.
+    Results,
+    /// `logs/` only.
+    Logs,
+    /// What the task produced: everything but `results.json` and `logs/`.
+    Artifacts,
+}
+
+impl Include {
+    /// Whether the stored file at `relative` (to the task) belongs in the bundle.
+    pub fn takes(self, relative: &str) -> bool {
+        let is_log = relative.starts_with("logs/");
+        match self {
+            Include::All => true,
+            Include::Results => relative == "results.json",
+            Include::Logs => is_log,
+            Include::Artifacts => relative != "results.json" && !is_log,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    pub task: String,
+    #[arg(long, value_enum, default_value = "all")]
+    pub include: Include,
+    /// The bundle to write (default: <task>.tgz).
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn run(js: &async_nats::jetstream::Context, args: Args) -> anyhow::Result<ExitCode> {
+    let staging = tempfile::Builder::new().prefix("flowmesh-download-").tempdir()?;
+    let root = staging.path().join(&args.task);
+    let fetched = flowmesh::views::fetch_results(js, &args.task, &root).await?;
+    let mut kept = Vec::new();
+    for (relative, size) in fetched {
+        if args.include.takes(&relative) {
+            kept.push((relative, size));
+        } else {
+            std::fs::remove_file(root.join(&relative))?;
+        }
+    }
+    anyhow::ensure!(!kept.is_empty(), "{} stored nothing that --include {:?} takes", args.task, args.include);
+    let output = args.output.clone().unwrap_or_else(|| PathBuf::from(format!("{}.tgz", args.task)));
+    tar(staging.path(), &args.task, &output)?;
+    for (relative, size) in &kept {
+        eprintln!("  {}/{relative}  {size} bytes  (digest verified)", args.task);
+    }
+    println!("{}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `tar -czf OUTPUT -C DIR NAME`: the bundle unpacks into a folder named after the task.
+fn tar(dir: &Path, name: &str, output: &Path) -> anyhow::Result<()> {
+    let output = if output.is_absolute() { output.to_path_buf() } else { std::env::current_dir()?.join(output) };
+    let status = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&output)
+        .arg("-C")
+        .arg(dir)
+        .arg(name)
+        .status()
+        .map_err(|e| anyhow::anyhow!("running tar: {e}"))?;
+    anyhow::ensure!(status.success(), "tar could not write {}", output.display());
+    Ok(())
+}
