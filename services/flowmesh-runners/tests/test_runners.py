@@ -1,0 +1,113 @@
+"""The runners on tiny real models, on CPU: outputs asserted, not only exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from flowmesh_runners.__main__ import capabilities, main
+from flowmesh_runners.protocol import Task, resolve_model
+
+from .conftest import progress_lines
+
+SAMPLES = [
+    {"prompt": "how should i name variables ?", "response": "use short descriptive names"},
+    {"prompt": "why write tests ?", "response": "tests catch regressions early"},
+]
+
+
+def run(runner: str, folder) -> dict:
+    assert main(["run", runner]) == 0
+    return json.loads((folder / "result.json").read_text())
+
+
+def test_capabilities_name_every_runner_and_why_one_is_missing():
+    caps = {r["name"]: r for r in capabilities()["runners"]}
+    assert caps["transformers"]["ok"] and caps["transformers"]["task_types"] == ["inference"]
+    assert set(caps) == {"transformers", "vllm", "trl", "sentence-transformers"}
+    for entry in caps.values():
+        assert entry["ok"] or entry["reason"]
+
+
+def test_inference_generates_text_and_counts_tokens(task_env):
+    folder = task_env("inference", {
+        "enforce_cpu": True,
+        "model": {"source": {"identifier": "sshleifer/tiny-gpt2"}},
+        "data": {"items": ["the scheduler placed the task on", {"prompt": "why write tests ?"}]},
+        "inference": {"max_tokens": 6, "min_tokens": 6},
+    })
+    result = run("transformers", folder)
+    assert result["backend"] == "transformers" and result["device"] == "cpu"
+    assert [i["completion_tokens"] for i in result["items"]] == [6, 6]
+    assert all(i["output"].strip() for i in result["items"])
+    assert result["usage"]["total_tokens"] == result["usage"]["prompt_tokens"] + 12
+    assert any(p.get("tokens_per_second", 0) > 0 for p in progress_lines(folder))
+
+
+@pytest.mark.parametrize("task_type,saved", [("lora_sft", "final_lora"), ("sft", "final_model")])
+def test_two_sft_steps_report_loss_and_save_the_model(task_env, task_type, saved):
+    folder = task_env(task_type, {
+        "model": {"source": {"identifier": "meta-llama/Llama-3.2-1B-Instruct"}},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "data": {"samples": SAMPLES},
+        "training": {"max_steps": 2, "batch_size": 2, "learning_rate": 1e-3},
+    }, task_id="wf-3-train")
+    result = run("trl", folder)
+    assert result["global_step"] == 2 and len(result["losses"]) == 2
+    assert all(math.isfinite(loss) and loss > 0 for loss in result["losses"])
+    assert result["final_model_archive"] == f"wf-3-train/{saved}"
+    marker = "adapter_config.json" if task_type == "lora_sft" else "config.json"
+    assert (folder / "output" / saved / marker).is_file()
+    assert result["adapter"] == (task_type == "lora_sft")
+    steps = [p for p in progress_lines(folder) if "loss" in p]
+    assert [p["step"] for p in steps] == [1, 2] and all("learning_rate" in p for p in steps)
+
+
+def test_inference_loads_an_upstream_adapter_by_its_reported_name(task_env, tmp_path):
+    train = task_env("lora_sft", {
+        "model": {"source": {"identifier": "x/base"}},
+        "data": {"samples": SAMPLES},
+        "training": {"max_steps": 1, "batch_size": 2},
+    }, task_id="wf-4-train")
+    reported = run("trl", train)["final_model_archive"]
+    # What the worker does for the next stage: the train stage's files under inputs/<stage>/.
+    shutil.copytree(train / "output", tmp_path / "inputs" / "train")
+    folder = task_env("inference", {
+        "enforce_cpu": True,
+        "model": {"source": {"identifier": "x/base"}},
+        "checkpoint": {"load": {"type": "local", "path": reported}},
+        "data": {"items": ["why write tests ?"]},
+        "inference": {"max_tokens": 3, "min_tokens": 3},
+    }, task_id="wf-4-infer", upstream={"train": "wf-4-train"})
+    result = run("transformers", folder)
+    assert result["adapters"] == [str(tmp_path / "inputs" / "train" / "final_lora")]
+    assert result["items"][0]["completion_tokens"] == 3
+
+
+def test_dpo_step_on_three_pairs(task_env):
+    folder = task_env("dpo", {
+        "model": {"source": {"identifier": "HuggingFaceTB/SmolLM2-360M-Instruct"}},
+        "data": {"preferences": [
+            {"prompt": "how should i name variables ?", "chosen": "use short descriptive names", "rejected": "any name works"},
+            {"prompt": "why write tests ?", "chosen": "tests catch regressions early", "rejected": "tests are optional"},
+            {"prompt": "why write tests ?", "chosen": "document the intended behaviour", "rejected": "any name works"},
+        ]},
+        "training": {"max_steps": 1, "batch_size": 3, "learning_rate": 1e-4},
+    })
+    result = run("trl", folder)
+    assert result["global_step"] == 1 and result["pairs"] == 3
+    assert result["losses"] and math.isfinite(result["losses"][0])
+    assert (folder / "output" / "artifacts" / "checkpoints" / "config.json").is_file()
+
+
+def test_model_map_and_upstream_names_resolve(tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("FLOWMESH_MODEL_MAP", str(tiny["map"]))
+    monkeypatch.setenv("FLOWMESH_INPUTS_DIR", str(tmp_path))
+    assert resolve_model("sentence-transformers/all-MiniLM-L6-v2") == str(tiny["embedder"])
+    assert resolve_model("any/other") == str(tiny["llama"])
+    (tmp_path / "train" / "final_lora").mkdir(parents=True)
+    task = Task(task_id="wf-9-infer", stage="infer", task_type="inference", spec={}, upstream={"train": "wf-9-train"})
+    assert resolve_model("wf-9-train/final_lora", task) == str(tmp_path / "train" / "final_lora")
