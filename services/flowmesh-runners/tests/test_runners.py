@@ -111,3 +111,18 @@ def test_model_map_and_upstream_names_resolve(tiny, monkeypatch, tmp_path):
     (tmp_path / "train" / "final_lora").mkdir(parents=True)
     task = Task(task_id="wf-9-infer", stage="infer", task_type="inference", spec={}, upstream={"train": "wf-9-train"})
     assert resolve_model("wf-9-train/final_lora", task) == str(tmp_path / "train" / "final_lora")
+
+
+def test_rag_ranks_the_spec_documents_for_each_query(task_env):
+    docs = ["tests catch regressions early", "use short descriptive names", "the worker runs the task"]
+    folder = task_env("rag", {
+        "embedding": {"model": "sentence-transformers/all-MiniLM-L6-v2"},
+        "documents": docs,
+        "search": {"top_k": 2},
+        "data": {"items": ["tests catch regressions early"]},
+    })
+    result = run("sentence-transformers", folder)
+    hits = result["items"][0]["hits"]
+    assert len(hits) == 2
+    assert hits[0]["document"] == docs[0], "an identical document ranks first"
+    assert hits[0]["score"] >= hits[1]["score"]
