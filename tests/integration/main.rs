@@ -5,6 +5,7 @@ mod binaries;
 mod chaos;
 mod cli;
 mod dev;
+mod ml;
 mod observability;
 mod router;
 mod security;
