@@ -116,6 +116,10 @@ def resolve_model(ref: str, task: Task | None = None) -> str:
                         return str(local)
                     raise SpecError(f"{ref!r} names stage {stage!r}'s files, but {local} was not downloaded")
             if ref == task_id:
+                # A bare task id (`${train.task_id}`): the model folder that stage saved.
+                for rel in ("final_lora", "final_model", "artifacts/checkpoints"):
+                    if (inputs_dir() / stage / rel).is_dir():
+                        return str(inputs_dir() / stage / rel)
                 return str(inputs_dir() / stage)
     mapping = model_map()
     if ref in mapping:

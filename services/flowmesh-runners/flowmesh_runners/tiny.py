@@ -2,7 +2,8 @@
 
 ``python -m flowmesh_runners.tiny DIR`` writes ``DIR/tiny-llama`` (a two-layer Llama with a
 word-level tokenizer), ``DIR/tiny-embedder`` (a sentence-transformers model on a two-layer BERT)
-and ``DIR/models.json``, a model map sending every hub id to the tiny Llama (``FLOWMESH_MODEL_MAP``).
+``DIR/models.json``, a model map sending every hub id to the tiny Llama (``FLOWMESH_MODEL_MAP``),
+and ``DIR/datasets/default`` (``FLOWMESH_DATASETS_DIR=DIR/datasets`` serves it for every dataset name).
 """
 
 from __future__ import annotations
@@ -75,8 +76,23 @@ def build_embedder(path: Path) -> Path:
     return path
 
 
+def build_dataset(path: Path) -> Path:
+    """Rows with the columns FlowMesh's examples name (question/answer, instruction/output,
+    prompt/response, chosen/rejected, text), as ``$FLOWMESH_DATASETS_DIR/default``."""
+    path.mkdir(parents=True, exist_ok=True)
+    pairs = [(CORPUS[i], CORPUS[i + 1]) for i in range(0, len(CORPUS) - 1, 2)]
+    with (path / "train.jsonl").open("w") as fh:
+        for prompt, answer in pairs:
+            row = {"question": prompt, "answer": answer, "instruction": prompt, "output": answer,
+                   "prompt": prompt, "response": answer, "chosen": answer, "rejected": "any name works",
+                   "text": f"{prompt} {answer}"}
+            fh.write(json.dumps(row) + "\n")
+    return path
+
+
 def build_all(root: Path) -> dict[str, Path]:
     root.mkdir(parents=True, exist_ok=True)
+    build_dataset(root / "datasets" / "default")
     llama = build_llama(root / "tiny-llama")
     embedder = build_embedder(root / "tiny-embedder")
     mapping = {
@@ -85,7 +101,7 @@ def build_all(root: Path) -> dict[str, Path]:
         "*": "tiny-llama",
     }
     (root / "models.json").write_text(json.dumps(mapping, indent=2))
-    return {"llama": llama, "embedder": embedder, "map": root / "models.json"}
+    return {"llama": llama, "embedder": embedder, "map": root / "models.json", "datasets": root / "datasets"}
 
 
 if __name__ == "__main__":

@@ -126,3 +126,15 @@ def test_rag_ranks_the_spec_documents_for_each_query(task_env):
     assert len(hits) == 2
     assert hits[0]["document"] == docs[0], "an identical document ranks first"
     assert hits[0]["score"] >= hits[1]["score"]
+
+
+def test_a_named_dataset_loads_from_the_datasets_folder(task_env, tiny, monkeypatch):
+    monkeypatch.setenv("FLOWMESH_DATASETS_DIR", str(tiny["datasets"]))
+    folder = task_env("sft", {
+        "model": {"source": {"identifier": "Qwen/Qwen2.5-0.5B-Instruct"}},
+        "data": {"dataset_name": "openai/gsm8k", "split": "train[:1%]", "prompt_column": "question",
+                 "response_column": "answer", "max_samples": 3},
+        "training": {"max_steps": 1, "batch_size": 2},
+    })
+    result = run("trl", folder)
+    assert result["samples"] == 3 and result["global_step"] == 1
