@@ -143,6 +143,14 @@ async fn an_inference_task_generates_text_with_a_real_tiny_model() -> anyhow::Re
     assert!(result["usage"]["prompt_tokens"].as_u64().unwrap() >= 8);
     let progress = progress_of(&events, "main");
     assert!(progress.iter().any(|p| p["tokens_per_second"].as_f64().is_some_and(|t| t > 0.0)), "{progress:?}");
+    // What `workflow watch` draws for the stage: the folded progress as a bar.
+    let mut state = flowmesh_domain::state::State::default();
+    for e in &world.events() {
+        state.apply(e);
+    }
+    let kept = state.task(&format!("{wf}-main")).and_then(|t| t.progress.clone()).expect("progress folded");
+    let bar = flowmesh::submit::progress_bar(&kept).expect("a bar");
+    assert!(bar.starts_with("[##########] item 2/2") && bar.contains("tokens/s"), "{bar}");
     world.shutdown().await;
     Ok(())
 }
