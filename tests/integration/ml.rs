@@ -36,9 +36,8 @@ fn interpreter(dir: &Path, model_map: Option<&Path>, extra: &str) -> anyhow::Res
 
 /// Builds the tiny models once per test, or says why the test is skipped.
 fn tiny_models(dir: &Path) -> Option<PathBuf> {
-    let check = std::process::Command::new("python3")
-        .args(["-c", "import torch, transformers, peft, trl, datasets"])
-        .output();
+    let check =
+        std::process::Command::new("python3").args(["-c", "import torch, transformers, peft, trl, datasets"]).output();
     if !check.is_ok_and(|o| o.status.success()) {
         eprintln!("SKIPPED: the ML dependencies are not installed (run ./tools/install-deps.sh --ml)");
         return None;
@@ -209,7 +208,10 @@ async fn a_trained_adapter_flows_to_inference_through_a_placeholder() -> anyhow:
         .unwrap();
     assert!(uploaded.contains(&"final_lora/adapter_model.safetensors".to_owned()), "{uploaded:?}");
     let steps = progress_of(&events, "train");
-    assert!(steps.iter().any(|p| p["step"] == 2 && p["loss"].is_number() && p["learning_rate"].is_number()), "{steps:?}");
+    assert!(
+        steps.iter().any(|p| p["step"] == 2 && p["loss"].is_number() && p["learning_rate"].is_number()),
+        "{steps:?}"
+    );
 
     let infer = result_of(&events, "infer");
     let adapters = infer["adapters"].as_array().unwrap();

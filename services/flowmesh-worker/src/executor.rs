@@ -83,7 +83,11 @@ impl TaskContext {
     }
 
     /// `run_command` with variables that override the contract's (a runner's GPU subset, threads).
-    pub async fn run_command_with(&self, argv: &[String], extra: &BTreeMap<String, String>) -> Result<Value, ExecError> {
+    pub async fn run_command_with(
+        &self,
+        argv: &[String],
+        extra: &BTreeMap<String, String>,
+    ) -> Result<Value, ExecError> {
         let task_file = self.work_dir.join("task.json");
         let task_json = serde_json::to_vec_pretty(&self.order).expect("work orders serialize");
         std::fs::write(&task_file, task_json).map_err(|e| ExecError::Retryable(format!("writing task.json: {e}")))?;
@@ -116,7 +120,9 @@ impl TaskContext {
 /// Every executor kind, matched exhaustively.
 pub enum Executor {
     Echo,
-    Python { interpreter: String },
+    Python {
+        interpreter: String,
+    },
     Plugin(Plugin),
     Ssh(Box<SshExecutor>),
     /// An ML runner of the `flowmesh_runners` package that initialised here.
@@ -163,7 +169,9 @@ impl Executor {
             Executor::Plugin(p) => ctx.run_command(&p.command).await,
             Executor::Ssh(s) => s.run(ctx).await,
             Executor::Runner(r) => r.run(ctx).await,
-            Executor::Unavailable(u) => Err(ExecError::Permanent(format!("runner {} is not available: {}", u.name, u.reason))),
+            Executor::Unavailable(u) => {
+                Err(ExecError::Permanent(format!("runner {} is not available: {}", u.name, u.reason)))
+            }
         }
     }
 }

@@ -164,7 +164,8 @@ impl Runner {
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
         let progress_file = ctx.work_dir.join("progress.jsonl");
         let _ = std::fs::remove_file(&progress_file);
-        let plan = plan(&ctx.order.task_type, &ctx.order.spec, &ctx.gpus, &progress_file).map_err(ExecError::Permanent)?;
+        let plan =
+            plan(&ctx.order.task_type, &ctx.order.spec, &ctx.gpus, &progress_file).map_err(ExecError::Permanent)?;
         let argv: Vec<String> =
             [self.python.as_str(), "-m", "flowmesh_runners", "run", self.name.as_str()].map(str::to_owned).to_vec();
         let work = ctx.run_command_with(&argv, &plan.env);
