@@ -12,6 +12,8 @@ from .protocol import SpecError, Task, checkpoint_ref, device, get, model_ref, p
 def prompts(spec: dict[str, Any]) -> list[str]:
     """The prompts of a spec: ``data.items`` (strings or ``{prompt|text|input}``), ``data.prompts``, ``prompt``."""
     items = get(spec, "data.items") or get(spec, "data.prompts") or spec.get("prompts") or []
+    if not items and get(spec, "data.type") == "dataset":
+        items = dataset_prompts(spec.get("data") or {})
     if isinstance(spec.get("prompt"), str):
         items = [spec["prompt"], *items]
     out: list[str] = []
@@ -26,6 +28,26 @@ def prompts(spec: dict[str, Any]) -> list[str]:
     if not out:
         raise SpecError("the spec gives no prompts (expected data.items)")
     return out
+
+
+def dataset_prompts(data: dict[str, Any]) -> list[str]:
+    """``data: {type: dataset, url|dataset_name, split: "test[:20]", column}``, from the datasets
+    folder (``$FLOWMESH_DATASETS_DIR``) as training data is."""
+    import re
+
+    from .train import load_rows, resolve_dataset
+
+    name = data.get("url") or data.get("dataset_name") or data.get("path")
+    if not name:
+        raise SpecError("a dataset input needs url or dataset_name")
+    rows = load_rows(resolve_dataset(str(name)), data.get("split"))
+    column = data.get("column") or data.get("prompt_column") or "prompt"
+    missing = [i for i, r in enumerate(rows) if column not in r]
+    if missing:
+        raise SpecError(f"dataset {name!r} rows {missing[:5]} have no column {column!r}")
+    limit = re.search(r"\[:(\d+)\]", str(data.get("split") or ""))
+    texts = [str(r[column]) for r in rows]
+    return texts[: int(limit.group(1))] if limit else texts
 
 
 def sampling(spec: dict[str, Any]) -> dict[str, Any]:

@@ -138,3 +138,14 @@ def test_a_named_dataset_loads_from_the_datasets_folder(task_env, tiny, monkeypa
     })
     result = run("trl", folder)
     assert result["samples"] == 3 and result["global_step"] == 1
+
+
+def test_inference_reads_prompts_from_a_named_dataset(task_env, tiny, monkeypatch):
+    monkeypatch.setenv("FLOWMESH_DATASETS_DIR", str(tiny["datasets"]))
+    folder = task_env("inference", {
+        "model": {"source": {"identifier": "HuggingFaceTB/SmolLM2-360M-Instruct"}, "transformers": {"device_map": "cpu"}},
+        "data": {"type": "dataset", "url": "openai/gsm8k", "split": "test[:2]", "column": "question"},
+        "inference": {"max_tokens": 2, "min_tokens": 2},
+    })
+    result = run("transformers", folder)
+    assert len(result["items"]) == 2 and result["usage"]["completion_tokens"] == 4
