@@ -1,7 +1,6 @@
 """The ``embedding`` and ``rag`` runners: sentence-transformers, retrieval over the spec's documents.
 
-Only documents given in the spec (``documents``, ``data.documents`` or ``retrieval.documents``)
-are searched; an external vector store named in the spec (``qdrant``) is not contacted.
+Only documents given in the spec (``data.documents``) are searched; an external vector store named in the spec (``qdrant``) is not contacted.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ def embedder(task: Task) -> tuple[Any, str]:
 
 
 def documents(spec: dict[str, Any]) -> list[str]:
-    docs = spec.get("documents") or get(spec, "data.documents") or get(spec, "retrieval.documents") or []
+    docs = get(spec, "data.documents") or []
     return [d if isinstance(d, str) else str(d.get("text") or d.get("content") or d) for d in docs]
 
 
@@ -45,7 +44,7 @@ def run(task: Task) -> dict[str, Any]:
                 "embeddings_file": "embeddings.jsonl"}
     docs = documents(task.spec)
     if not docs:
-        raise SpecError("a rag task here retrieves over documents given in the spec (documents: [...]); none given")
+        raise SpecError("a rag task here retrieves over documents given in the spec (data.documents: [...]); none given, and external stores (qdrant) are not contacted")
     doc_vectors = model.encode(docs, normalize_embeddings=True)
     scores = vectors @ doc_vectors.T
     top_k = int(get(task.spec, "search.top_k") or get(task.spec, "retrieval.top_k") or 3)

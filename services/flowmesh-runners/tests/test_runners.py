@@ -117,9 +117,8 @@ def test_rag_ranks_the_spec_documents_for_each_query(task_env):
     docs = ["tests catch regressions early", "use short descriptive names", "the worker runs the task"]
     folder = task_env("rag", {
         "embedding": {"model": "sentence-transformers/all-MiniLM-L6-v2"},
-        "documents": docs,
         "search": {"top_k": 2},
-        "data": {"items": ["tests catch regressions early"]},
+        "data": {"items": ["tests catch regressions early"], "documents": docs},
     })
     result = run("sentence-transformers", folder)
     hits = result["items"][0]["hits"]
