@@ -4,9 +4,12 @@
 # dataset name (FLOWMESH_DATASETS_DIR). A `flowmesh dev` stack gives echo and python; a second
 # worker has the runners and simulated GPUs named like the examples' requests (the runners still
 # run on the CPU: torch sees no CUDA device). Prints one line per example and "N of M completed".
-# Needs `cargo build` and ./tools/install-deps.sh --ml.
+# Needs `cargo build` and ./tools/install-deps.sh --ml. Arguments: documents to run instead of all.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
+docs=("$@")
+[ ${#docs[@]} -gt 0 ] || docs=("$repo"/examples/valid/*.yaml)
+docs=("${docs[@]/#examples/$repo/examples}")
 export PATH="$repo/target/debug:$PATH"
 work=$(mktemp -d)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -37,7 +40,7 @@ pids+=($!)
 for _ in $(seq 900); do flowmesh worker list 2>/dev/null | grep -q ml-cpu && break; sleep 0.2; done
 flowmesh worker list
 done_n=0; total=0
-for doc in "$repo"/examples/valid/*.yaml; do
+for doc in "${docs[@]}"; do
   total=$((total + 1))
   name=$(basename "$doc")
   start=$(date +%s)
