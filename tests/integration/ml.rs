@@ -103,7 +103,7 @@ async fn ml_world(dir_name: &str, model_map: &Path) -> anyhow::Result<World> {
     config.runners_python = Some(interpreter(world.dir.path(), Some(model_map), "")?);
     world.worker(config).await?;
     let snap = snapshot(&world, dir_name).await?;
-    for t in ["inference", "sft", "lora_sft", "dpo"] {
+    for t in ["inference", "sft", "lora_sft", "dpo", "ppo"] {
         assert!(snap.supported_task_types.contains(&t.to_owned()), "{t} advertised: {:?}", snap.supported_task_types);
     }
     Ok(world)

@@ -16,8 +16,8 @@ from .protocol import EXIT_RETRYABLE, RetryableError, SpecError, Task, apply_thr
 RUNNERS: dict[str, tuple[list[str], list[str], list[str]]] = {
     "transformers": (["inference"], ["transformers"], ["torch", "transformers", "peft"]),
     "vllm": (["inference"], ["vllm"], ["torch", "vllm"]),
-    # ppo is not served: TRL 1.x removed its PPOTrainer, and a stand-in would be a pretence.
-    "trl": (["sft", "lora_sft", "dpo"], [], ["torch", "transformers", "peft", "trl", "datasets"]),
+    # ppo: TRL 1.x removed PPOTrainer; `ppo.py` writes PPO's clipped objective on torch.
+    "trl": (["sft", "lora_sft", "dpo", "ppo"], [], ["torch", "transformers", "peft", "trl", "datasets"]),
     "sentence-transformers": (["embedding", "rag"], [], ["torch", "sentence_transformers"]),
 }
 

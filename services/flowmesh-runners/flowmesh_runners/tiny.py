@@ -76,6 +76,21 @@ def build_embedder(path: Path) -> Path:
     return path
 
 
+def build_classifier(path: Path) -> Path:
+    """A two-label sequence classifier (NEGATIVE, POSITIVE), the reward model of PPO tests."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = tokenizer()
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+                        num_labels=2, id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    BertForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def build_dataset(path: Path) -> Path:
     """Rows with the columns FlowMesh's examples name (question/answer, instruction/output,
     prompt/response, chosen/rejected, text), as ``$FLOWMESH_DATASETS_DIR/default``."""
@@ -95,13 +110,16 @@ def build_all(root: Path) -> dict[str, Path]:
     build_dataset(root / "datasets" / "default")
     llama = build_llama(root / "tiny-llama")
     embedder = build_embedder(root / "tiny-embedder")
+    classifier = build_classifier(root / "tiny-classifier")
     mapping = {
         "sentence-transformers/all-MiniLM-L6-v2": "tiny-embedder",
         "BAAI/bge-small-en-v1.5": "tiny-embedder",
+        "distilbert/distilbert-base-uncased-finetuned-sst-2-english": "tiny-classifier",
         "*": "tiny-llama",
     }
     (root / "models.json").write_text(json.dumps(mapping, indent=2))
-    return {"llama": llama, "embedder": embedder, "map": root / "models.json", "datasets": root / "datasets"}
+    return {"llama": llama, "embedder": embedder, "classifier": classifier, "map": root / "models.json",
+            "datasets": root / "datasets"}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The training runners: ``sft`` and ``lora_sft`` (TRL + PEFT) and ``dpo`` (TRL)."""
+"""The training runners: ``sft`` and ``lora_sft`` (TRL + PEFT), ``dpo`` (TRL), ``ppo`` (see ``ppo``)."""
 
 from __future__ import annotations
 
@@ -224,4 +224,8 @@ def run(task: Task) -> dict[str, Any]:
         return run_sft(task)
     if task.task_type == "dpo":
         return run_dpo(task)
+    if task.task_type == "ppo":
+        from .ppo import run_ppo
+
+        return run_ppo(task)
     raise SpecError(f"the training runner does not serve {task.task_type!r}")

@@ -148,3 +148,20 @@ def test_inference_reads_prompts_from_a_named_dataset(task_env, tiny, monkeypatc
     })
     result = run("transformers", folder)
     assert len(result["items"]) == 2 and result["usage"]["completion_tokens"] == 4
+
+
+def test_ppo_steps_score_with_the_reward_model_and_save_the_policy(task_env):
+    folder = task_env("ppo", {
+        "model": {"source": {"identifier": "Qwen/Qwen2.5-0.5B-Instruct"}},
+        "reward_model": {"type": "sentiment", "identifier": "distilbert/distilbert-base-uncased-finetuned-sst-2-english"},
+        "data": {"prompts": ["reply kindly to a customer", "encourage a friend"]},
+        "training": {"learning_rate": 1e-3, "batch_size": 2, "steps": 2, "ppo_epochs": 2},
+        "generation": {"max_new_tokens": 4, "temperature": 1.0},
+    })
+    result = run("trl", folder)
+    assert result["global_step"] == 2 and len(result["losses"]) == 2
+    assert all(0.0 <= r <= 1.0 for r in result["rewards"]), "a probability from the reward model"
+    assert all(math.isfinite(loss) for loss in result["losses"])
+    assert (folder / "output" / "artifacts" / "checkpoints" / "config.json").is_file()
+    steps = [p for p in progress_lines(folder) if p.get("kind") == "train"]
+    assert [p["step"] for p in steps] == [1, 2] and all("reward" in p for p in steps)
