@@ -61,6 +61,17 @@ def sampling(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def render(tokenizer: Any, system: str | None, text: str) -> str:
+    """The prompt as the model expects it: its chat template when it has one and a system prompt
+    is given, else the system prompt on a line before the text."""
+    if not system:
+        return text
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return f"{system}\n{text}"
+
+
 def is_adapter(path: str) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
@@ -115,8 +126,9 @@ def run_transformers(task: Task) -> dict[str, Any]:
     items = []
     total_prompt = total_completion = 0
     started = time.monotonic()
+    system = get(task.spec, "inference.system_prompt")
     for i, text in enumerate(texts):
-        encoded = tokenizer(text, return_tensors="pt").to(model.device)
+        encoded = tokenizer(render(tokenizer, system, text), return_tensors="pt").to(model.device)
         t0 = time.monotonic()
         kwargs: dict[str, Any] = {"max_new_tokens": params["max_tokens"], "pad_token_id": pad}
         if params["min_tokens"]:
@@ -185,7 +197,8 @@ def run_vllm(task: Task) -> dict[str, Any]:
 
         lora = LoRARequest("adapter0", 1, adapters[0])
     started = time.monotonic()
-    outputs = llm.generate(texts, sp, lora_request=lora)
+    system = get(spec, "inference.system_prompt")
+    outputs = llm.generate([render(llm.get_tokenizer(), system, t) for t in texts], sp, lora_request=lora)
     elapsed = max(time.monotonic() - started, 1e-9)
     items = []
     for text, out in zip(texts, outputs):

@@ -144,10 +144,12 @@ def test_inference_reads_prompts_from_a_named_dataset(task_env, tiny, monkeypatc
     folder = task_env("inference", {
         "model": {"source": {"identifier": "HuggingFaceTB/SmolLM2-360M-Instruct"}, "transformers": {"device_map": "cpu"}},
         "data": {"type": "dataset", "url": "openai/gsm8k", "split": "test[:2]", "column": "question"},
-        "inference": {"max_tokens": 2, "min_tokens": 2},
+        "inference": {"max_tokens": 2, "min_tokens": 2, "system_prompt": "reply kindly"},
     })
     result = run("transformers", folder)
     assert len(result["items"]) == 2 and result["usage"]["completion_tokens"] == 4
+    plain = len("the scheduler placed the task on a worker with a free gpu".split())
+    assert result["items"][0]["prompt_tokens"] == plain + 2, "the system prompt's two words come first"
 
 
 def test_ppo_steps_score_with_the_reward_model_and_save_the_policy(task_env):
