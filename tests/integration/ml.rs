@@ -246,3 +246,55 @@ async fn a_worker_whose_runners_cannot_import_torch_never_receives_inference() -
     world.shutdown().await;
     Ok(())
 }
+
+const LONG_TRAINING: &str = r#"
+apiVersion: flowmesh/v1
+kind: TrainingTask
+metadata: {name: long-sft}
+spec:
+  taskType: sft
+  model: {source: {type: huggingface, identifier: meta-llama/Llama-3.2-1B-Instruct}}
+  data:
+    samples:
+      - {prompt: "why write tests ?", response: "tests catch regressions early"}
+  training: {max_steps: 1000000, batch_size: 1}
+"#;
+
+/// Whether any process still runs inside `dir` (its working directory).
+fn processes_in(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd"))
+            && cwd.starts_with(dir)
+        {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn cancelling_a_training_run_kills_its_runner_process() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
+    let world = ml_world("ml-3", &map).await?;
+    let wf = world.submit(LONG_TRAINING.as_bytes(), None).await?;
+    let task = format!("{wf}-main");
+    let deadline = tokio::time::Instant::now() + ML_DEADLINE;
+    // Training is under way once a step's loss is reported.
+    while progress_of(&world.events(), "main").iter().all(|p| !p["loss"].is_number()) {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no training step reported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let work_dir = world.dir.path().join("results").join("ml-3").join(&task);
+    assert!(!processes_in(&work_dir).is_empty(), "the runner runs in {}", work_dir.display());
+    let out = world.cli(&["workflow", "cancel", &wf]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let events = wait_end(&world, &wf).await?;
+    assert!(
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskCancelled(c) if c.worker_id.as_deref() == Some("ml-3")))
+    );
+    assert_eq!(processes_in(&work_dir), Vec::<String>::new(), "the runner's process group was killed");
+    world.shutdown().await;
+    Ok(())
+}
