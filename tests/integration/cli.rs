@@ -148,3 +148,22 @@ async fn the_live_view_renders_in_a_terminal_and_exits() -> anyhow::Result<()> {
     world.shutdown().await;
     Ok(())
 }
+
+#[tokio::test]
+async fn task_logs_follow_streams_and_ends_with_the_task() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let doc = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: talk}\nspec:\n  taskType: python\n  command: 'sleep 1; echo line-one; sleep 1; echo line-two'\n";
+    let wf = world.submit(doc.as_bytes(), None).await?;
+    let task = format!("{wf}-main");
+    // Started while the task runs (or is about to): it must print the output and exit by itself.
+    let out = tokio::time::timeout(tests::DEADLINE, world.cli(&["task", "logs", &task, "--follow"])).await??;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("line-two"), "{}", tests::output_text(&out));
+    // And on a task that already ended, it returns at once.
+    let again = tokio::time::timeout(tests::DEADLINE, world.cli(&["task", "logs", &task, "--follow"])).await??;
+    assert!(again.status.success(), "{}", tests::output_text(&again));
+    world.shutdown().await;
+    Ok(())
+}

@@ -9,6 +9,7 @@ mod fleet_ops;
 mod forgery;
 mod graph;
 mod merge;
+mod ml;
 mod n8n;
 mod observability;
 mod router;

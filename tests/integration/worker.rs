@@ -283,3 +283,46 @@ async fn a_worker_restarted_with_other_slots_gets_them() -> anyhow::Result<()> {
     world.shutdown().await;
     Ok(())
 }
+
+/// FlowMesh's python convention without `inputs`: every upstream stage is mounted, a parameter
+/// named after a stage gets its output, and `$FLOWMESH_PY_INPUTS` names the folders.
+const PYTHON_TWO_STAGES: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: python-upstream}
+spec:
+  taskType: python
+  stages:
+    - name: first
+      spec:
+        code: |
+          def main():
+              return {"words": 3}
+    - name: second
+      dependsOn: [first]
+      spec:
+        code: |
+          import json, os
+          def main(first, inputs):
+              folders = json.loads(os.environ["FLOWMESH_PY_INPUTS"])
+              with open(os.path.join(inputs["first"], "results.json")) as fh:
+                  stored = json.load(fh)
+              return {"got": first["words"], "stored": stored["output"]["words"],
+                      "named": folders["first"].endswith("inputs/first")}
+"#;
+
+#[tokio::test]
+async fn a_python_stage_without_inputs_reads_its_upstream_stage_by_name() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.stack().await?;
+    let wf = world.submit(PYTHON_TWO_STAGES.as_bytes(), None).await?;
+    let events = world.wait_workflow_end(&wf).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{events:#?}");
+    let result = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCompleted(c) if c.task.stage == "second" => c.result.clone(),
+        _ => None,
+    });
+    assert_eq!(result.unwrap()["output"], serde_json::json!({"got": 3, "stored": 3, "named": true}));
+    world.shutdown().await;
+    Ok(())
+}

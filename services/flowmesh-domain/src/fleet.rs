@@ -106,6 +106,9 @@ pub struct Gpu {
 pub struct ExecutorInfo {
     pub name: String,
     pub task_types: Vec<String>,
+    /// Why a known executor (an ML runner) is not constructed here; it then serves no task type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -60,6 +60,10 @@ pub struct TaskState {
     pub message: Option<String>,
     /// `task.updated` events seen for the current attempt.
     pub updates: u64,
+    /// The latest `data.progress` of a `task.updated` (an ML runner's step, loss, tokens/s), for
+    /// progress bars; cleared with `updates`.
+    #[serde(default)]
+    pub progress: Option<Value>,
     pub cancel_requested: bool,
     /// The task whose execution this one shares (`task.merged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -220,6 +224,9 @@ impl State {
             }),
             EventBody::TaskUpdated(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
                 t.updates += 1;
+                if let Some(progress) = e.data.as_ref().and_then(|d| d.get("progress")) {
+                    t.progress = Some(progress.clone());
+                }
                 Applied::Changed
             }),
             EventBody::TaskCompleted(e) => self.update_report(&e.task, Some(&e.worker_id), |t| {
@@ -254,6 +261,7 @@ impl State {
                     t.pending_message = None;
                     t.unplaceable_since_ms = None;
                     t.updates = 0;
+                    t.progress = None;
                     t.reason = Some(e.reason.clone());
                     Applied::Changed
                 })
@@ -339,6 +347,7 @@ impl State {
                 reason: None,
                 message: None,
                 updates: 0,
+                progress: None,
                 cancel_requested: false,
                 merged_into: None,
             })

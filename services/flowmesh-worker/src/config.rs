@@ -50,6 +50,10 @@ pub struct WorkerArgs {
     /// TOML file declaring plugin executors.
     #[arg(long, env = "FLOWMESH_EXECUTORS")]
     pub flowmesh_executors: Option<PathBuf>,
+    /// The Python interpreter that has the `flowmesh_runners` package (`./tools/install-deps.sh --ml`):
+    /// the worker asks it which ML runners initialise here and advertises those. Unset: no runners.
+    #[arg(long, env = "FLOWMESH_RUNNERS")]
+    pub flowmesh_runners: Option<String>,
     /// JSON shaped like the snapshot's `hardware`; replaces detection and marks the worker simulated.
     #[arg(long, env = "FLOWMESH_SIMULATE_HW")]
     pub flowmesh_simulate_hw: Option<String>,
@@ -81,6 +85,8 @@ pub struct Config {
     pub ssh_public_host: Option<String>,
     pub ssh_bind_address: String,
     pub executors_file: Option<PathBuf>,
+    /// The interpreter to ask for ML runners (`FLOWMESH_RUNNERS`); `None` builds none.
+    pub runners_python: Option<String>,
     pub simulate_hw: Option<Hardware>,
     pub drain_grace: Duration,
     pub ack_wait: Duration,
@@ -106,6 +112,7 @@ impl Config {
             ssh_public_host: Some("127.0.0.1".to_owned()),
             ssh_bind_address: "127.0.0.1".to_owned(),
             executors_file: None,
+            runners_python: None,
             simulate_hw: None,
             drain_grace: Duration::from_secs(5),
             ack_wait: Duration::from_secs(30),
@@ -232,6 +239,7 @@ impl WorkerArgs {
             ssh_public_host: self.ssh_public_host.clone().filter(|h| !h.trim().is_empty()),
             ssh_bind_address: self.ssh_bind_address.clone(),
             executors_file: self.flowmesh_executors.clone(),
+            runners_python: self.flowmesh_runners.clone().filter(|p| !p.trim().is_empty()),
             simulate_hw,
             drain_grace: Duration::from_secs(drain_grace),
             ack_wait: Duration::from_secs(ack_wait),

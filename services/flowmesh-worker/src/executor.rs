@@ -3,6 +3,7 @@
 
 use crate::plugin::Plugin;
 use crate::process::{self, Command};
+use crate::runner::{Runner, Unavailable};
 use crate::ssh::SshExecutor;
 use flowmesh_domain::fleet::{ExecutorInfo, Gpu};
 use flowmesh_domain::work::WorkOrder;
@@ -78,10 +79,20 @@ impl TaskContext {
 
     /// Runs an external command under the process contract and reads its result file.
     pub async fn run_command(&self, argv: &[String]) -> Result<Value, ExecError> {
+        self.run_command_with(argv, &BTreeMap::new()).await
+    }
+
+    /// `run_command` with variables that override the contract's (a runner's GPU subset, threads).
+    pub async fn run_command_with(
+        &self,
+        argv: &[String],
+        extra: &BTreeMap<String, String>,
+    ) -> Result<Value, ExecError> {
         let task_file = self.work_dir.join("task.json");
         let task_json = serde_json::to_vec_pretty(&self.order).expect("work orders serialize");
         std::fs::write(&task_file, task_json).map_err(|e| ExecError::Retryable(format!("writing task.json: {e}")))?;
-        let env = self.env();
+        let mut env = self.env();
+        env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
         let result = process::run(
             Command { argv, env: &env, cwd: &self.work_dir, log_dir: &self.work_dir, max_runtime: self.max_runtime },
             self.cancel.clone(),
@@ -109,9 +120,15 @@ impl TaskContext {
 /// Every executor kind, matched exhaustively.
 pub enum Executor {
     Echo,
-    Python { interpreter: String },
+    Python {
+        interpreter: String,
+    },
     Plugin(Plugin),
     Ssh(Box<SshExecutor>),
+    /// An ML runner of the `flowmesh_runners` package that initialised here.
+    Runner(Runner),
+    /// A runner that did not initialise: listed with its reason, serves nothing.
+    Unavailable(Unavailable),
 }
 
 impl Executor {
@@ -121,6 +138,8 @@ impl Executor {
             Executor::Python { .. } => "python",
             Executor::Plugin(p) => &p.name,
             Executor::Ssh(_) => "ssh",
+            Executor::Runner(r) => &r.name,
+            Executor::Unavailable(u) => &u.name,
         }
     }
 
@@ -130,11 +149,17 @@ impl Executor {
             Executor::Python { .. } => vec!["python".to_owned()],
             Executor::Plugin(p) => p.task_types.clone(),
             Executor::Ssh(_) => vec!["ssh".to_owned()],
+            Executor::Runner(r) => r.task_types.clone(),
+            Executor::Unavailable(_) => Vec::new(),
         }
     }
 
     pub fn info(&self) -> ExecutorInfo {
-        ExecutorInfo { name: self.name().to_owned(), task_types: self.task_types() }
+        let unavailable = match self {
+            Executor::Unavailable(u) => Some(format!("serves none of {:?}: {}", u.task_types, u.reason)),
+            _ => None,
+        };
+        ExecutorInfo { name: self.name().to_owned(), task_types: self.task_types(), unavailable }
     }
 
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
@@ -143,6 +168,10 @@ impl Executor {
             Executor::Python { interpreter } => crate::python::run(interpreter, ctx).await,
             Executor::Plugin(p) => ctx.run_command(&p.command).await,
             Executor::Ssh(s) => s.run(ctx).await,
+            Executor::Runner(r) => r.run(ctx).await,
+            Executor::Unavailable(u) => {
+                Err(ExecError::Permanent(format!("runner {} is not available: {}", u.name, u.reason)))
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod journal;
 pub mod plugin;
 pub mod process;
 pub mod python;
+pub mod runner;
 pub mod ssh;
 mod warm;
 
@@ -95,6 +96,9 @@ pub async fn build_executors(config: &Config, probe: &hardware::Probe) -> anyhow
                 Some(why) => info!(executor = %p.name, reason = %why, "plugin not available"),
             }
         }
+    }
+    if let Some(python) = &config.runners_python {
+        executors.extend(runner::executors(python).await);
     }
     Ok(executors)
 }
@@ -580,12 +584,11 @@ fn select_executor<'a>(executors: &'a [Executor], order: &WorkOrder) -> Option<&
     serving.first().copied()
 }
 
-/// Downloads the stored files of each upstream stage named in `spec.inputs` into
-/// `<work_dir>/inputs/<stage>/`, verifying every digest.
+/// Downloads the stored files of each upstream stage named in `spec.inputs` (by default, see
+/// `python::input_stages`) into `<work_dir>/inputs/<stage>/`, verifying every digest.
 async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Result<(), ExecError> {
-    let Some(inputs) = order.spec.get("inputs").and_then(Value::as_array) else { return Ok(()) };
-    for input in inputs {
-        let Some(stage) = input.get("stage").and_then(Value::as_str) else { continue };
+    for stage in python::input_stages(order) {
+        let stage = stage.as_str();
         let artifacts = order
             .upstream_artifacts
             .get(stage)

@@ -841,7 +841,10 @@ async fn follow_logs(
 ) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let mut output = client.subscribe(subjects::logs(id, stream)).await?;
-    let events = log::events(js, subjects::task_events(id), true).await?;
+    // The whole workflow's events: the fold learns the task from `submission.accepted`, which the
+    // task's own subjects do not carry (following only those never saw the task end).
+    let workflow_id = id.splitn(3, '-').take(2).collect::<Vec<_>>().join("-");
+    let events = log::events(js, subjects::workflow_events(&workflow_id), true).await?;
     futures_util::pin_mut!(events);
     let mut state = flowmesh_domain::state::State::default();
     loop {

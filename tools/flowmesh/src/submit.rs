@@ -149,6 +149,27 @@ pub async fn results(js: &jetstream::Context, state: &State, workflow_id: &str) 
     Ok(serde_json::Value::Object(out))
 }
 
+/// A bar for a running stage from an ML runner's progress (`step`/`max_steps` or `item`/`items`),
+/// e.g. `[######----] step 6/10 loss 1.2345`; `None` when the progress has no fraction.
+pub fn progress_bar(progress: &serde_json::Value) -> Option<String> {
+    let num = |k: &str| progress.get(k).and_then(serde_json::Value::as_f64);
+    let (done, total, unit) = match (num("step"), num("max_steps"), num("item"), num("items")) {
+        (Some(step), Some(max), _, _) if max > 0.0 => (step, max, "step"),
+        (_, _, Some(item), Some(items)) if items > 0.0 => (item, items, "item"),
+        _ => return None,
+    };
+    let width = 10usize;
+    let filled = ((done / total).clamp(0.0, 1.0) * width as f64).round() as usize;
+    let mut text = format!("[{}{}] {unit} {done}/{total}", "#".repeat(filled), "-".repeat(width - filled));
+    if let Some(loss) = num("loss") {
+        text += &format!(" loss {loss:.4}");
+    }
+    if let Some(tps) = num("tokens_per_second") {
+        text += &format!(" {tps:.1} tokens/s");
+    }
+    Some(text)
+}
+
 /// A table of a workflow's stages (state, worker, attempt, elapsed), redrawn in place on a
 /// terminal as events arrive.
 #[derive(Default)]
@@ -179,6 +200,9 @@ impl LiveView {
                 }
                 let elapsed = self.finished.get(id).copied().or_else(|| self.started.get(id).map(|s| s.elapsed()));
                 let mut note = crate::views::task_note(t);
+                if let (true, Some(bar)) = (t.status.is_on_worker(), t.progress.as_ref().and_then(progress_bar)) {
+                    note = bar;
+                }
                 if note.chars().count() > 72 {
                     note = note.chars().take(71).collect::<String>() + "…";
                 }
@@ -211,5 +235,20 @@ impl LiveView {
         out.flush()?;
         self.drawn = text.lines().count();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_bar;
+    use serde_json::json;
+
+    #[test]
+    fn a_bar_follows_steps_or_items() {
+        let train = json!({"step": 1, "max_steps": 2, "loss": 4.25});
+        assert_eq!(progress_bar(&train).unwrap(), "[#####-----] step 1/2 loss 4.2500");
+        let infer = json!({"item": 3, "items": 3, "tokens_per_second": 12.5});
+        assert_eq!(progress_bar(&infer).unwrap(), "[##########] item 3/3 12.5 tokens/s");
+        assert_eq!(progress_bar(&json!({"message": "loading"})), None);
     }
 }
