@@ -49,6 +49,38 @@ struct RawStage {
     condition: Option<(Value, String)>,
 }
 
+/// Stages (or graph nodes) a workflow may have. FlowMesh workflows have a handful; the cap keeps
+/// a hostile document's graph checks bounded (a 1 MiB document could otherwise name ~60,000).
+pub const MAX_STAGES: usize = 1000;
+
+/// Which stages are upstream of which: one bit per pair, filled in one topological pass
+/// (`N² / 8` bytes: 125 KiB at `MAX_STAGES`).
+struct Ancestors {
+    words: usize,
+    bits: Vec<u64>,
+}
+
+impl Ancestors {
+    fn of(deps: &[Vec<usize>], order: &[usize]) -> Ancestors {
+        let words = deps.len().div_ceil(64);
+        let mut bits = vec![0u64; deps.len() * words];
+        for &i in order {
+            for &d in &deps[i] {
+                bits[i * words + d / 64] |= 1 << (d % 64);
+                for w in 0..words {
+                    bits[i * words + w] |= bits[d * words + w];
+                }
+            }
+        }
+        Ancestors { words, bits }
+    }
+
+    /// Whether stage `j` is upstream of stage `i`.
+    fn contains(&self, i: usize, j: usize) -> bool {
+        self.bits[i * self.words + j / 64] & (1 << (j % 64)) != 0
+    }
+}
+
 /// Validates a decoded document.
 pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec<Problem>> {
     let mut problems: BTreeSet<Problem> = schema::check_document(doc).into_iter().collect();
@@ -56,6 +88,13 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         return Err(finish(problems));
     };
     let (root, stages) = split_stages(spec);
+    if stages.len() > MAX_STAGES {
+        problems.insert(Problem::new(
+            "/spec",
+            format!("the workflow has {} stages; at most {MAX_STAGES} are accepted", stages.len()),
+        ));
+        return Err(finish(problems));
+    }
     let root_keys: HashSet<&str> = root.as_object().map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
 
     // The graph: names, dependencies, order.
@@ -154,15 +193,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             return Err(finish(problems));
         }
     };
-    let mut ancestors: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); stages.len()];
-    for &i in &order {
-        let mut set = BTreeSet::new();
-        for &d in &deps[i] {
-            set.insert(d);
-            set.extend(ancestors[d].iter().copied());
-        }
-        ancestors[i] = set;
-    }
+    let ancestors = Ancestors::of(&deps, &order);
 
     // Each stage: merge, schema, semantics.
     let hints = selected_workers(doc);
@@ -187,12 +218,12 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         }
         check_memory(&merged, &locate, &mut problems);
 
-        let upstream: HashSet<&str> = ancestors[i].iter().map(|&a| stages[a].name.as_str()).collect();
+        let upstream = |name: &str| index.get(name).is_some_and(|&j| ancestors.contains(i, j));
         let direct: HashSet<&str> = declared[i].iter().map(|&d| stages[d].name.as_str()).collect();
         template::walk(&merged, "", &mut |pointer, placeholder| {
             // `${stage.task_id}` is known at submit, so any other stage of the workflow may be named.
             let is_task_id = placeholder.path.len() == 1 && placeholder.path[0] == "task_id";
-            let readable = upstream.contains(placeholder.stage.as_str())
+            let readable = upstream(placeholder.stage.as_str())
                 || (is_task_id && index.contains_key(placeholder.stage.as_str()) && placeholder.stage != stage.name);
             if !readable {
                 problems.insert(Problem::new(
@@ -206,7 +237,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         });
 
         for (pointer, referenced) in echo::references(&merged) {
-            if !upstream.contains(referenced.as_str()) {
+            if !upstream(referenced.as_str()) {
                 problems.insert(Problem::new(
                     locate(&pointer),
                     format!(
