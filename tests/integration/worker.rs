@@ -245,6 +245,35 @@ async fn a_draining_worker_hands_back_what_outlives_its_grace_and_another_worker
     Ok(())
 }
 
+/// A worker asked to drain while NATS is unreachable stops within its grace periods instead of
+/// retrying its reports forever; its journal keeps what it could not report.
+#[tokio::test]
+async fn a_worker_draining_during_a_nats_outage_stops_within_its_grace() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    world.worker_process("w1", &[("WORKER_DRAIN_GRACE_SEC", "1")])?;
+    // The first run of the task outlives the drain; any later run finishes at once.
+    let marker = world.dir.path().join("ran-once");
+    let doc = format!(
+        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'if [ ! -f {m} ]; then touch {m}; sleep 60; fi; echo finished'\n",
+        m = marker.display()
+    );
+    world.submit(doc.as_bytes(), None).await?;
+    world
+        .wait_for("the task to start on w1", |events| {
+            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.worker_id == "w1"))
+        })
+        .await?;
+    world.server.stop().await;
+    world.terminate("w1")?;
+    let status = world.wait_exit("w1").await.map_err(|e| anyhow::anyhow!("{e}\n{}", world.process_log("w1")))?;
+    assert!(status.success(), "a bounded drain with NATS down: {status:?}\n{}", world.process_log("w1"));
+    assert!(world.process_log("w1").contains("the journal keeps them"), "{}", world.process_log("w1"));
+
+    world.shutdown().await;
+    Ok(())
+}
+
 /// The worker's durable consumer follows its settings: restarted with more slots and another ack
 /// wait, it may hold that many tasks at once (the old limit would cap it silently).
 #[tokio::test]

@@ -59,6 +59,9 @@ struct Shared {
     idle_since_ms: Mutex<Option<u64>>,
     draining: std::sync::atomic::AtomicBool,
     warm: warm::WarmCache,
+    /// Fires when a stopping worker gives up storing reports (NATS unreachable past the drain
+    /// grace); the journal keeps them and the next start sends them.
+    abandon: Shutdown,
 }
 
 /// Builds the executors whose runtime dependency is present, logging why each missing one is missing.
@@ -197,16 +200,24 @@ impl Shared {
         }
     }
 
-    /// Publishes a report, retrying until the stream stores it or the worker is told to stop.
-    /// The journal holds it meanwhile, so a report that never got out is sent after a restart.
+    /// Publishes a report, retrying until the stream stores it (`true`) or a stopping worker
+    /// gives up (`false`). The journal holds it meanwhile, so a report that never got out is
+    /// sent after a restart.
     async fn report(&self, event: &Event) -> bool {
         let mut delay = Duration::from_millis(200);
+        let mut abandon = self.abandon.clone();
         loop {
             match publish::publish_event(&self.handles.js, event, Author::Worker(&self.config.worker_id)).await {
                 Ok(_) => return true,
                 Err(e) => {
                     warn!(event = %event.id, error = %e, "report not stored yet; retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        _ = abandon.wait() => {
+                            warn!(event = %event.id, "stopping: the journal keeps this report for the next start");
+                            return false;
+                        }
+                        _ = tokio::time::sleep(delay) => {}
+                    }
                     delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
@@ -234,6 +245,7 @@ pub async fn run(
     std::fs::create_dir_all(&config.results_dir)?;
     let journal = Journal::open(&config.results_dir.join(".journal").join(&config.worker_id))?;
     let status = flowmesh_nats::status::Status::default();
+    let (give_up, abandon) = shutdown::channel();
     let shared = Arc::new(Shared {
         status: status.clone(),
         client: client.clone(),
@@ -246,6 +258,7 @@ pub async fn run(
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
         draining: std::sync::atomic::AtomicBool::new(false),
         warm: warm::WarmCache::new(config.model_cache.clone(), config.heartbeat_interval),
+        abandon,
         config,
     });
     let id = shared.config.worker_id.clone();
@@ -347,10 +360,21 @@ pub async fn run(
             active.handed_back.store(true, std::sync::atomic::Ordering::SeqCst);
             active.cancel.fire();
         }
-        while running.join_next().await.is_some() {}
+        // Their reports get one more grace period; NATS still unreachable then, they stay in
+        // the journal and the worker stops anyway (a bounded drain, not a hang).
+        if tokio::time::timeout(grace, async { while running.join_next().await.is_some() {} }).await.is_err() {
+            warn!(?grace, "reports not stored within another drain grace; stopping, the journal keeps them");
+            give_up.fire();
+            // What still waits on NATS (an upload, an ack) is cut off after one more grace: the
+            // journal holds every finished task's report, and the work order stays unacked.
+            if tokio::time::timeout(grace, async { while running.join_next().await.is_some() {} }).await.is_err() {
+                running.abort_all();
+                while running.join_next().await.is_some() {}
+            }
+        }
     }
     // Leaving the fleet makes the router requeue whatever this worker did not finish.
-    let _ = handles.workers.delete(&id).await;
+    let _ = tokio::time::timeout(grace.max(Duration::from_secs(1)), handles.workers.delete(&id)).await;
     background.abort_all();
     info!(worker_id = %id, "worker stopped");
     Ok(())
