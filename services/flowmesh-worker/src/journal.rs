@@ -2,11 +2,14 @@
 //!
 //! Every change is flushed before the caller goes on (sled buffers writes otherwise), so a
 //! `kill -9` at any point leaves a journal that tells the restarted worker what to do: re-run
-//! accepted work, re-send finished reports, never run finished work again.
+//! accepted work, re-send finished reports, never run finished work again. Flushes are group
+//! commits: changes written while one flush runs are all made durable by the next one, so many
+//! tasks finishing together cost one flush, not one each.
 
 use flowmesh_domain::Event;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Entry {
@@ -19,6 +22,15 @@ pub enum Entry {
 #[derive(Clone)]
 pub struct Journal {
     db: sled::Db,
+    commits: std::sync::Arc<Commits>,
+}
+
+/// Group commit: how many changes were written, how many are known durable, and one flush at a time.
+#[derive(Default)]
+struct Commits {
+    written: AtomicU64,
+    durable: AtomicU64,
+    flushing: tokio::sync::Mutex<()>,
 }
 
 fn key(task_id: &str, attempt: u32) -> String {
@@ -27,7 +39,7 @@ fn key(task_id: &str, attempt: u32) -> String {
 
 impl Journal {
     pub fn open(dir: &Path) -> Result<Journal, sled::Error> {
-        Ok(Journal { db: sled::open(dir)? })
+        Ok(Journal { db: sled::open(dir)?, commits: Default::default() })
     }
 
     pub fn get(&self, task_id: &str, attempt: u32) -> Option<Entry> {
@@ -35,22 +47,37 @@ impl Journal {
         serde_json::from_slice(&bytes).ok()
     }
 
-    fn put(&self, task_id: &str, attempt: u32, entry: &Entry) -> Result<(), sled::Error> {
+    /// Writes the entry and returns once it is durable.
+    async fn put(&self, task_id: &str, attempt: u32, entry: &Entry) -> Result<(), sled::Error> {
         self.db.insert(key(task_id, attempt), serde_json::to_vec(entry).expect("entries serialize"))?;
-        self.db.flush()?;
+        let mine = self.commits.written.fetch_add(1, Ordering::SeqCst) + 1;
+        let _flushing = self.commits.flushing.lock().await;
+        // A flush that began after this insert has made it durable already.
+        if self.commits.durable.load(Ordering::SeqCst) >= mine {
+            return Ok(());
+        }
+        // Everything written up to here is covered by this flush.
+        let upto = self.commits.written.load(Ordering::SeqCst);
+        self.db.flush_async().await?;
+        self.commits.durable.fetch_max(upto, Ordering::SeqCst);
         Ok(())
     }
 
-    pub fn accept(&self, task_id: &str, attempt: u32) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Accepted)
+    pub async fn accept(&self, task_id: &str, attempt: u32) -> Result<(), sled::Error> {
+        self.put(task_id, attempt, &Entry::Accepted).await
     }
 
-    pub fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: false })
+    pub async fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
+        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: false }).await
     }
 
-    pub fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: true })
+    /// Notes that the stream stored the report. Not flushed on its own: lost in a crash, the
+    /// report is sent again at the next start under the same id, which the stream and the fold
+    /// both drop as a duplicate. The next flush (of any task) makes it durable.
+    pub async fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
+        let entry = Entry::Finished { event: Box::new(event.clone()), reported: true };
+        self.db.insert(key(task_id, attempt), serde_json::to_vec(&entry).expect("entries serialize"))?;
+        Ok(())
     }
 
     /// Reports that were written but not yet stored by the stream.

@@ -275,7 +275,7 @@ pub async fn run(
         if shared.report(&event).await
             && let Some(task) = event.body.task()
         {
-            let _ = shared.journal.reported(&task.task_id, task.attempt, &event);
+            let _ = shared.journal.reported(&task.task_id, task.attempt, &event).await;
         }
     }
 
@@ -396,7 +396,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 // Finished before a crash or a redelivery: report again (same id), never re-run.
                 info!("already finished; re-sending the report");
                 if !reported && shared.report(&event).await {
-                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
+                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event).await;
                 } else if reported {
                     shared.report(&event).await;
                 }
@@ -405,18 +405,18 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             }
             Some(Entry::Accepted) | None => {}
         }
-        if let Err(e) = shared.journal.accept(&order.task_id, order.attempt) {
+        if let Err(e) = shared.journal.accept(&order.task_id, order.attempt).await {
             warn!(error = %e, "journal write failed; handing the work back");
             let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(2)))).await;
             return;
         }
         let event = execute(shared, &order, &message).await;
-        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
+        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event).await {
             warn!(error = %e, "journal write failed after the task ended");
         }
         failpoint("after-journal-finish");
         if shared.report(&event).await {
-            let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
+            let _ = shared.journal.reported(&order.task_id, order.attempt, &event).await;
         }
         if let Err(e) = message.ack().await {
             warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
