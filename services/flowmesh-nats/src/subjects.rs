@@ -19,6 +19,19 @@ pub const CONTROL_BUCKET: &str = "flowmesh_control";
 /// Names of the temporary streams of `flowmesh bench --raw`, deleted when the measurement ends.
 pub const BENCH_RAW_STREAM_PREFIX: &str = "FLOWMESH_BENCH_RAW_";
 
+/// Every stream FlowMesh stores messages in: its streams, and those behind its buckets and
+/// object store.
+pub fn all_streams() -> [String; 6] {
+    [
+        SUBMISSIONS_STREAM.to_owned(),
+        EVENTS_STREAM.to_owned(),
+        WORK_STREAM.to_owned(),
+        format!("KV_{WORKERS_BUCKET}"),
+        format!("KV_{CONTROL_BUCKET}"),
+        format!("OBJ_{ARTIFACTS_BUCKET}"),
+    ]
+}
+
 /// The durable consumer all validators share (competing consumers).
 pub const VALIDATORS_CONSUMER: &str = "validators";
 

@@ -340,16 +340,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
 /// The last sequence of every stream the product stores messages in (streams, buckets, the
 /// object store), by name.
 async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
-    let names = [
-        subjects::SUBMISSIONS_STREAM.to_owned(),
-        subjects::EVENTS_STREAM.to_owned(),
-        subjects::WORK_STREAM.to_owned(),
-        format!("KV_{}", subjects::WORKERS_BUCKET),
-        format!("KV_{}", subjects::CONTROL_BUCKET),
-        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
-    ];
     let mut sequences = BTreeMap::new();
-    for name in names {
+    for name in subjects::all_streams() {
         let mut stream = js.get_stream(&name).await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?;
         let last = stream.info().await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?.state.last_sequence;
         sequences.insert(name, last);

@@ -221,16 +221,8 @@ pub struct StreamHealth {
 
 /// Leader and replicas of every FlowMesh stream, bucket and object store.
 pub async fn stream_health(js: &jetstream::Context) -> anyhow::Result<Vec<StreamHealth>> {
-    let names = [
-        subjects::SUBMISSIONS_STREAM.to_owned(),
-        subjects::EVENTS_STREAM.to_owned(),
-        subjects::WORK_STREAM.to_owned(),
-        format!("KV_{}", subjects::WORKERS_BUCKET),
-        format!("KV_{}", subjects::CONTROL_BUCKET),
-        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
-    ];
     let mut out = Vec::new();
-    for name in names {
+    for name in subjects::all_streams() {
         let mut stream = js.get_stream(&name).await?;
         let info = stream.info().await?;
         let (leader, replicas) = match &info.cluster {
