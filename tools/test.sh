@@ -28,7 +28,12 @@ failed=$(count failed)
 # The ML runners' own tests (tiny models on CPU), when their dependencies are installed
 # (./tools/install-deps.sh --ml); CI installs them. Without them the Rust ML tests skip and say so.
 if python3 -c "import torch, transformers, trl, peft, sentence_transformers, pytest" 2>/dev/null; then
-  pyout=$(python3 -m pytest -q -p no:cacheprovider services/flowmesh-runners/tests 2>&1 | tee /dev/stderr | tail -1) || status=1
+  pylog=$(mktemp)
+  # (Not `tee /dev/stderr`: where stderr is a file, tee would reopen and truncate it.)
+  python3 -m pytest -q -p no:cacheprovider services/flowmesh-runners/tests >"$pylog" 2>&1 || status=1
+  cat "$pylog"
+  pyout=$(tail -1 "$pylog")
+  rm -f "$pylog"
   pycount() { local n; n=$(grep -oE "[0-9]+ $1" <<<"$pyout" | head -1 | grep -oE '^[0-9]+' || true); echo "${n:-0}"; }
   passed=$((passed + $(pycount passed)))
   failed=$((failed + $(pycount failed) + $(pycount error)))
