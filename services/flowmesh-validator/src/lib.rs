@@ -84,6 +84,9 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
         if in_flight.len() >= config.in_flight.max(1) {
             in_flight.join_next().await;
             verdicts += 1;
+            status.set(
+                serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }),
+            );
             continue;
         }
         tokio::select! {
