@@ -58,16 +58,6 @@ pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Autho
     send_event(js, event, author).await?.stored(js).await
 }
 
-/// Publishes `payload` and waits for the ack; see [`send`].
-pub async fn publish_once(
-    js: &jetstream::Context,
-    subject: String,
-    msg_id: &str,
-    payload: Vec<u8>,
-) -> Result<u64, EdgeError> {
-    send(js, subject, msg_id, payload).await?.stored(js).await
-}
-
 /// The sequence of a message whose ack came back: for an unexpected duplicate, stores it again
 /// under an unpredictable id.
 async fn settle(
@@ -106,7 +96,7 @@ fn unpredictable() -> String {
 }
 
 /// Publishes any payload to a stream subject with a message id.
-pub async fn publish_json(
+async fn publish_json(
     js: &jetstream::Context,
     subject: String,
     msg_id: &str,

@@ -66,7 +66,8 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     let consumer = consumer(&handles.js, &config).await?;
     let status = flowmesh_nats::status::Status::default();
     let mut verdicts = 0u64;
-    status.set(serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }));
+    let counted = |verdicts: u64| serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts });
+    status.set(counted(verdicts));
     let _service = flowmesh_nats::status::serve(
         &handles.js.client(),
         "validator",
@@ -79,18 +80,11 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     info!(consumer = %config.consumer, "validator ready");
     // Submissions are validated and their verdicts stored concurrently, up to `in_flight` at a
     // time: no verdict waits for another's ack.
+    let limit = config.in_flight.max(1);
     let mut in_flight = tokio::task::JoinSet::new();
     loop {
-        if in_flight.len() >= config.in_flight.max(1) {
-            in_flight.join_next().await;
-            verdicts += 1;
-            status.set(
-                serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }),
-            );
-            continue;
-        }
         tokio::select! {
-            next = flowmesh_nats::consume::next(&mut messages, &mut shutdown) => match next {
+            next = flowmesh_nats::consume::next(&mut messages, &mut shutdown), if in_flight.len() < limit => match next {
                 Some(message) => {
                     let (js, instance) = (handles.js.clone(), config.instance.clone());
                     in_flight.spawn(async move { handle(&js, message, &instance, config.ack_wait).await });
@@ -99,7 +93,7 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
             },
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {
                 verdicts += 1;
-                status.set(serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts }));
+                status.set(counted(verdicts));
             }
         }
     }

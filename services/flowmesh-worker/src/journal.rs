@@ -74,7 +74,7 @@ impl Journal {
     /// Notes that the stream stored the report. Not flushed on its own: lost in a crash, the
     /// report is sent again at the next start under the same id, which the stream and the fold
     /// both drop as a duplicate. The next flush (of any task) makes it durable.
-    pub async fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
+    pub fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
         let entry = Entry::Finished { event: Box::new(event.clone()), reported: true };
         self.db.insert(key(task_id, attempt), serde_json::to_vec(&entry).expect("entries serialize"))?;
         Ok(())

@@ -275,7 +275,7 @@ pub async fn run(
         if shared.report(&event).await
             && let Some(task) = event.body.task()
         {
-            let _ = shared.journal.reported(&task.task_id, task.attempt, &event).await;
+            let _ = shared.journal.reported(&task.task_id, task.attempt, &event);
         }
     }
 
@@ -396,7 +396,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 // Finished before a crash or a redelivery: report again (same id), never re-run.
                 info!("already finished; re-sending the report");
                 if !reported && shared.report(&event).await {
-                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event).await;
+                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
                 } else if reported {
                     shared.report(&event).await;
                 }
@@ -416,7 +416,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
         }
         failpoint("after-journal-finish");
         if shared.report(&event).await {
-            let _ = shared.journal.reported(&order.task_id, order.attempt, &event).await;
+            let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
         }
         if let Err(e) = message.ack().await {
             warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
