@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Runs the README's tour and command list against a private local stack, so the README cannot
 # rot: first it checks that every `flowmesh …` line in the README's sh blocks appears below
-# (workflow ids normalised), then it runs them and checks their outcomes.
+# (workflow ids normalised), then it runs them and checks their outcomes. The tiny train-and-serve
+# part runs only with `--ml` (the long suite: ./tools/test.sh --long) and the ML runners installed.
 set -euo pipefail
+ml=no
+case "${1:-}" in
+  --ml) ml=yes ;;
+  "") ;;
+  *) echo "usage: readme-tour.sh [--ml]" >&2; exit 2 ;;
+esac
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin="$repo/target/debug"
 [ -x "$bin/flowmesh" ] || { echo "readme-tour: build first (cargo build)" >&2; exit 1; }
@@ -71,9 +78,11 @@ ppo=$(id_of ppo2.log)
 expect 0 flowmesh result fetch "$ppo-main" --out ./out
 [ -s out/results.json ] && [ -s out/artifacts/checkpoints/model.txt ] || { echo "readme-tour: result fetch wrote no files" >&2; exit 1; }
 
-# "Train and serve a tiny model for real", when the ML runners are installed
-# (./tools/install-deps.sh --ml; CI installs them).
-if python3 -c "import flowmesh_runners, torch, transformers, peft, trl, datasets" 2>/dev/null; then
+# "Train and serve a tiny model for real", with --ml and the ML runners installed
+# (./tools/install-deps.sh --ml; CI installs them and runs the long suite).
+if [ "$ml" = no ]; then
+  echo "readme-tour: the tiny train and serve runs in the long suite (./tools/test.sh --long)"
+elif python3 -c "import flowmesh_runners, torch, transformers, peft, trl, datasets" 2>/dev/null; then
   python3 -m flowmesh_runners.tiny ./tiny-models >/dev/null 2>tiny-build.log
   FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP=$PWD/tiny-models/models.json WORKER_ID=ml-1 flowmesh worker >ml.log 2>&1 &
   pids+=($!)

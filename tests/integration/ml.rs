@@ -124,6 +124,7 @@ spec:
 "#;
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn an_inference_task_generates_text_with_a_real_tiny_model() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
@@ -184,6 +185,7 @@ spec:
 "#;
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn a_trained_adapter_flows_to_inference_through_a_placeholder() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
@@ -275,6 +277,7 @@ fn processes_in(dir: &Path) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn cancelling_a_training_run_kills_its_runner_process() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
