@@ -154,6 +154,20 @@ impl Executor {
         }
     }
 
+    /// Whether a task of this executor has a folder, logs and files to store. An echo runs in
+    /// the worker and produces only its result: no per-task file system work, no uploads (its
+    /// result travels inline in `task.completed`).
+    pub fn uses_files(&self) -> bool {
+        match self {
+            Executor::Echo => false,
+            Executor::Python { .. }
+            | Executor::Plugin(_)
+            | Executor::Ssh(_)
+            | Executor::Runner(_)
+            | Executor::Unavailable(_) => true,
+        }
+    }
+
     pub fn info(&self) -> ExecutorInfo {
         let unavailable = match self {
             Executor::Unavailable(u) => Some(format!("serves none of {:?}: {}", u.task_types, u.reason)),

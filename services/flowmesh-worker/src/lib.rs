@@ -490,13 +490,17 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             }
         })
     };
+    let executor = select_executor(&shared.executors, order);
+    let uses_files = executor.is_none_or(Executor::uses_files);
     let outcome = async {
-        prepare_dirs(&work_dir, &output_dir)
-            .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
-        fetch_inputs(shared, order, &work_dir).await?;
-        let executor = select_executor(&shared.executors, order).ok_or_else(|| {
+        let executor = executor.ok_or_else(|| {
             ExecError::Permanent(format!("this worker has no executor for task type {:?}", order.task_type))
         })?;
+        if uses_files {
+            prepare_dirs(&work_dir, &output_dir)
+                .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
+            fetch_inputs(shared, order, &work_dir).await?;
+        }
         let ctx = TaskContext {
             order: order.clone(),
             work_dir: work_dir.clone(),
@@ -506,8 +510,12 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             max_runtime: order.spec.get("maxRuntimeSeconds").and_then(Value::as_u64).map(Duration::from_secs),
             updates: Some(updates_tx.clone()),
         };
-        let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
-        with_progress(message, shared.config.ack_wait, running).await
+        if uses_files {
+            let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
+            with_progress(message, shared.config.ack_wait, running).await
+        } else {
+            with_progress(message, shared.config.ack_wait, executor.run(&ctx)).await
+        }
     };
     // The start's ack is taken while the task runs (one task, no spawn), and it is stored
     // before the end is reported.
@@ -524,7 +532,9 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         shared.report(&started).await;
     }
     let storing = std::time::Instant::now();
-    store_logs(shared, order, &work_dir).await;
+    if uses_files {
+        store_logs(shared, order, &work_dir).await;
+    }
     let task = task_ref(order);
     let outcome_name = match &outcome {
         Ok(_) => "completed",
@@ -534,18 +544,16 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     metrics::counter!("flowmesh_tasks_total", "task_type" => order.task_type.clone(), "outcome" => outcome_name)
         .increment(1);
     let body = match outcome {
-        Ok(result) => match store_results(shared, order, &work_dir, &output_dir, &result).await {
-            Ok((result_object, artifacts)) => {
-                let inline = serde_json::to_vec(&result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
-                EventBody::TaskCompleted(TaskCompleted {
-                    task,
-                    worker_id: worker_id.clone(),
-                    result: inline.then_some(result),
-                    result_object,
-                    artifacts,
-                    upload_ms: Some(storing.elapsed().as_millis() as u64),
-                })
-            }
+        Ok(result) => match store_results(shared, order, uses_files.then_some((&work_dir, &output_dir)), &result).await
+        {
+            Ok(stored) => EventBody::TaskCompleted(TaskCompleted {
+                task,
+                worker_id: worker_id.clone(),
+                result: stored.inline.then_some(result),
+                result_object: stored.result_object,
+                artifacts: stored.artifacts,
+                upload_ms: Some(storing.elapsed().as_millis() as u64),
+            }),
             Err(StoreError::Missing(name)) => failed(
                 task,
                 &worker_id,
@@ -613,12 +621,20 @@ fn select_executor<'a>(executors: &'a [Executor], order: &WorkOrder) -> Option<&
 async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Result<(), ExecError> {
     for stage in python::input_stages(order) {
         let stage = stage.as_str();
-        let artifacts = order
-            .upstream_artifacts
-            .get(stage)
-            .ok_or_else(|| ExecError::Permanent(format!("input stage {stage:?} has no stored results")))?;
+        let inline = order.upstream_results.get(stage);
+        let artifacts = match order.upstream_artifacts.get(stage) {
+            Some(artifacts) => artifacts.as_slice(),
+            None if inline.is_some() => &[],
+            None => return Err(ExecError::Permanent(format!("input stage {stage:?} has no stored results"))),
+        };
         let dir = work_dir.join("inputs").join(stage);
         std::fs::create_dir_all(&dir).map_err(|e| ExecError::Retryable(format!("creating {}: {e}", dir.display())))?;
+        // A stage that stored no files (an echo) passed its result inline.
+        if let Some(result) = inline {
+            let path = dir.join("results.json");
+            std::fs::write(&path, serde_json::to_vec_pretty(result).expect("results serialize"))
+                .map_err(|e| ExecError::Retryable(format!("writing {}: {e}", path.display())))?;
+        }
         for artifact in artifacts {
             if artifact.name.split('/').any(|p| p == ".." || p.is_empty()) {
                 return Err(ExecError::Permanent(format!("upstream artifact {:?} has an unsafe name", artifact.name)));
@@ -687,7 +703,8 @@ async fn store_logs(shared: &Shared, order: &WorkOrder, work_dir: &Path) {
         let path = work_dir.join(name);
         if path.is_file()
             && let Err(e) =
-                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), &path).await
+                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), Source::File(&path))
+                    .await
         {
             warn!(error = %e, "could not store {name}");
         }
@@ -738,20 +755,41 @@ enum StoreError {
     Upload(String),
 }
 
-/// Writes `results.json` locally and stores it and the artifacts as `<task_id>/<path>`.
+/// What `store_results` kept where.
+struct Stored {
+    /// The result goes inline in `task.completed` (it is at most `INLINE_RESULT_BYTES`).
+    inline: bool,
+    result_object: Option<String>,
+    artifacts: Vec<Artifact>,
+}
+
+/// Stores a task's result and files as `<task_id>/<path>`. A task with folders (`dirs` = its work
+/// and output folder) writes `results.json` locally and stores it with its artifacts. A task
+/// without files (an echo) stores nothing when its result fits inline; a larger result is
+/// stored as `results.json` from memory.
 async fn store_results(
     shared: &Shared,
     order: &WorkOrder,
-    work_dir: &Path,
-    output_dir: &Path,
+    dirs: Option<(&Path, &Path)>,
     result: &Value,
-) -> Result<(String, Vec<Artifact>), StoreError> {
-    let results_path = work_dir.join("results.json");
+) -> Result<Stored, StoreError> {
     let bytes = serde_json::to_vec_pretty(result).expect("results serialize");
+    let inline = serde_json::to_vec(result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
+    let result_object = subjects::artifact(&order.task_id, "results.json");
+    let Some((work_dir, output_dir)) = dirs else {
+        if inline {
+            return Ok(Stored { inline, result_object: None, artifacts: Vec::new() });
+        }
+        let (size, digest) =
+            put_object(shared, &result_object, Source::Bytes(&bytes)).await.map_err(StoreError::Upload)?;
+        let artifact = Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest };
+        return Ok(Stored { inline, result_object: Some(result_object), artifacts: vec![artifact] });
+    };
+    let results_path = work_dir.join("results.json");
     std::fs::write(&results_path, &bytes)
         .map_err(|e| StoreError::Upload(format!("writing {}: {e}", results_path.display())))?;
-    let result_object = subjects::artifact(&order.task_id, "results.json");
-    let (size, digest) = put_object(shared, &result_object, &results_path).await.map_err(StoreError::Upload)?;
+    let (size, digest) =
+        put_object(shared, &result_object, Source::File(&results_path)).await.map_err(StoreError::Upload)?;
     let mut artifacts = vec![Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest }];
     // `output.artifacts` names files or folders of the output folder; `results.json` and `logs`
     // are always stored, and `artifacts` (FlowMesh's name for "everything produced") or no list
@@ -782,23 +820,36 @@ async fn store_results(
     };
     for (name, path) in files {
         let object = subjects::artifact(&order.task_id, &name);
-        let (size, digest) = put_object(shared, &object, &path).await.map_err(StoreError::Upload)?;
+        let (size, digest) = put_object(shared, &object, Source::File(&path)).await.map_err(StoreError::Upload)?;
         artifacts.push(Artifact { name, object, size, digest });
     }
-    Ok((result_object, artifacts))
+    Ok(Stored { inline, result_object: Some(result_object), artifacts })
 }
 
-async fn put_object(shared: &Shared, name: &str, path: &Path) -> Result<(u64, String), String> {
+/// What `put_object` stores: a file, or bytes already in memory.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(u64, String), String> {
     let mut last = String::new();
     for attempt in 0..5 {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
         }
-        let mut file = match tokio::fs::File::open(path).await {
-            Ok(f) => f,
-            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        let stored = match source {
+            Source::File(path) => {
+                let mut file = match tokio::fs::File::open(path).await {
+                    Ok(f) => f,
+                    Err(e) => return Err(format!("reading {}: {e}", path.display())),
+                };
+                shared.handles.artifacts.put(name, &mut file).await
+            }
+            Source::Bytes(mut bytes) => shared.handles.artifacts.put(name, &mut bytes).await,
         };
-        match shared.handles.artifacts.put(name, &mut file).await {
+        match stored {
             Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
             Err(e) => last = e.to_string(),
         }

@@ -418,8 +418,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Result { command: ResultCommand::Fetch { task, out } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
-            for (name, size) in views::fetch_results(&handles.js, &task, &out).await? {
-                println!("{}  {size} bytes  (digest verified)", out.join(name).display());
+            for f in views::fetch_results(&handles.js, &task, &out).await? {
+                let how = if f.verified { "digest verified" } else { "inline in its task.completed event" };
+                println!("{}  {} bytes  ({how})", out.join(&f.name).display(), f.size);
             }
             Ok(ExitCode::SUCCESS)
         }
