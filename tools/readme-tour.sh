@@ -62,7 +62,7 @@ expect 0 flowmesh events --workflow "$first"
 expect 1 flowmesh plan examples/valid/ppo.yaml
 expect 1 flowmesh submit examples/valid/ppo.yaml --watch 2>ppo1.log
 grep -q 'no_eligible_worker' ppo1.log || { cat ppo1.log; echo "readme-tour: the PPO stage did not fail with no_eligible_worker" >&2; exit 1; }
-FLOWMESH_SIMULATE_HW="$(cat examples/hardware/gpu-h100.json)" FLOWMESH_EXECUTORS=examples/executors/demo-trainer.toml WORKER_ID=gpu-sim-1 flowmesh worker >gpu.log 2>&1 &
+FLOWMESH_RUNNERS=off FLOWMESH_SIMULATE_HW="$(cat examples/hardware/gpu-h100.json)" FLOWMESH_EXECUTORS=examples/executors/demo-trainer.toml WORKER_ID=gpu-sim-1 flowmesh worker >gpu.log 2>&1 &
 pids+=($!)
 wait_for "the simulated GPU worker" sh -c 'flowmesh worker list | grep -q gpu-sim-1'
 expect 0 flowmesh plan examples/valid/ppo.yaml
