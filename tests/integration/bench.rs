@@ -35,6 +35,7 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         timeout: DEADLINE,
         fleet_wait: DEADLINE,
         replicas: 1,
+        min_workers: 1,
     };
     let (_trigger, stop) = shutdown::channel();
     let report = bench::run(&world.handles.js, &options, stop).await?;

@@ -165,6 +165,9 @@ pub struct Options {
     pub fleet_wait: Duration,
     /// Replicas of the temporary raw stream: the product streams' count, for a like-for-like ceiling.
     pub replicas: usize,
+    /// Live workers serving the mix to wait for before submitting (a fresh stack's come up one
+    /// by one); at least one always.
+    pub min_workers: usize,
 }
 
 impl Default for Options {
@@ -178,6 +181,7 @@ impl Default for Options {
             timeout: Duration::from_secs(600),
             fleet_wait: Duration::from_secs(10),
             replicas: 1,
+            min_workers: 1,
         }
     }
 }
@@ -291,7 +295,7 @@ const FAILURES_KEPT: usize = 10;
 pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> anyhow::Result<Report> {
     anyhow::ensure!(options.tasks > 0, "--tasks is 0: give at least 1");
     anyhow::ensure!(options.concurrency > 0, "--concurrency is 0: give at least 1");
-    let workers = wait_for_fleet(js, &options.mix.kinds(), options.fleet_wait).await?;
+    let workers = wait_for_fleet(js, &options.mix.kinds(), options.min_workers, options.fleet_wait).await?;
     let kinds = options.mix.schedule(options.tasks);
     let bodies: Vec<Vec<u8>> = kinds.iter().enumerate().map(|(n, k)| k.document(n).into_bytes()).collect();
     let mut per_type = BTreeMap::new();
@@ -355,16 +359,26 @@ async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<St
 }
 
 /// Waits until live workers serve every kind of the mix; returns how many live workers serve one.
-async fn wait_for_fleet(js: &jetstream::Context, kinds: &[TaskKind], wait: Duration) -> anyhow::Result<usize> {
+async fn wait_for_fleet(
+    js: &jetstream::Context,
+    kinds: &[TaskKind],
+    min_workers: usize,
+    wait: Duration,
+) -> anyhow::Result<usize> {
     let deadline = Instant::now() + wait;
     loop {
         let live: Vec<_> = views::workers(js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).collect();
         let serves = |k: &TaskKind| live.iter().any(|(w, _)| w.supported_task_types.iter().any(|t| t == k.name()));
         let missing: Vec<&str> = kinds.iter().filter(|k| !serves(k)).map(|k| k.name()).collect();
-        if missing.is_empty() {
-            let useful =
-                live.iter().filter(|(w, _)| kinds.iter().any(|k| w.supported_task_types.iter().any(|t| t == k.name())));
-            return Ok(useful.count());
+        let useful = live
+            .iter()
+            .filter(|(w, _)| kinds.iter().any(|k| w.supported_task_types.iter().any(|t| t == k.name())))
+            .count();
+        if missing.is_empty() && useful >= min_workers {
+            return Ok(useful);
+        }
+        if missing.is_empty() && Instant::now() >= deadline {
+            anyhow::bail!("{useful} of the {min_workers} workers asked for came up within {}s", wait.as_secs());
         }
         if Instant::now() >= deadline {
             anyhow::bail!(

@@ -900,6 +900,8 @@ async fn bench_command(nats: &NatsArgs, args: BenchArgs) -> anyhow::Result<ExitC
         eprintln!("bench: dev stack with {} worker(s) at {}", args.workers, stack.url());
         // Fresh workers publish their first snapshot within a heartbeat or two.
         options.fleet_wait = Duration::from_secs(30);
+        // Measure the fleet asked for, not the first worker up.
+        options.min_workers = usize::from(args.workers);
         // The private stack knows none of NATS_URL's credentials or TLS settings: a plain connection.
         let options = NatsOptions { url: stack.url(), name: "flowmesh-bench".to_owned(), ..Default::default() };
         let handles = Handles::ensure(&connect(&options).await?, &Topology::load(1)?).await?;
