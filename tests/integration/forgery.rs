@@ -126,6 +126,7 @@ async fn a_worker_cannot_forge_accept_complete_or_preclaim() -> anyhow::Result<(
             result_object: Some(format!("{task}/results.json")),
             artifacts: Vec::new(),
             upload_ms: None,
+            started_at: None,
         });
         Event::new(body, "2026-11-23T00:00:00Z".into(), 0)
     };

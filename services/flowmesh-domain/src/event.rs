@@ -130,6 +130,10 @@ pub struct TaskCompleted {
     /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_ms: Option<u64>,
+    /// When the task started, for a task that completed before its `task.started` was due (the
+    /// worker reports a start only for tasks still running after `START_REPORT_DELAY`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -244,6 +244,7 @@ fn decide_merged(wf: &WorkflowState, t: &TaskState, tref: TaskRef, state: &State
             result_object: l.result_object.clone(),
             artifacts: l.artifacts.clone(),
             upload_ms: None,
+            started_at: None,
         }))),
         Some((TaskStatus::Failed | TaskStatus::Cancelled | TaskStatus::Skipped, _)) | None => {
             let reason =

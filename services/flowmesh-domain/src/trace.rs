@@ -163,6 +163,20 @@ pub fn trace(events: &[Event], workflow_id: &str) -> Result<Trace, String> {
                 }
                 EventBody::TaskStarted(_) => close(t, &mut state, Some(Phase::Run), false),
                 EventBody::TaskCompleted(c) => {
+                    // Completed before its start was due: the run began at `started_at`.
+                    if let (Some((Phase::Placement, since)), Some(started)) =
+                        (state, c.started_at.as_deref().and_then(unix_ms))
+                    {
+                        let started = started.saturating_sub(t0).clamp(since, now.max(since));
+                        t.spans.push(Span {
+                            phase: Phase::Placement,
+                            start_ms: since,
+                            end_ms: started,
+                            attempt,
+                            failed: false,
+                        });
+                        state = Some((Phase::Run, started));
+                    }
                     let upload = c.upload_ms.unwrap_or(0);
                     if let (Some((Phase::Run, since)), true) = (state, upload > 0) {
                         let split = now.saturating_sub(upload).max(since);

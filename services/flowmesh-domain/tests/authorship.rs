@@ -22,6 +22,7 @@ fn completed(worker: &str) -> Event {
         result_object: Some("wf-1-main/results.json".into()),
         artifacts: Vec::new(),
         upload_ms: None,
+        started_at: None,
     });
     Event::new(body, "t".into(), 0)
 }

@@ -107,6 +107,7 @@ impl Scenario {
             result_object: Some(format!("wf-1-{stage}/results.json")),
             artifacts: Vec::new(),
             upload_ms: None,
+            started_at: None,
         }))
     }
 
@@ -265,6 +266,7 @@ fn only_the_worker_holding_a_task_reports_on_it() {
         result_object: None,
         artifacts: Vec::new(),
         upload_ms: None,
+        started_at: None,
     }));
     assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
     let sent = s.route();
@@ -443,6 +445,7 @@ fn an_identical_inference_request_is_merged_and_gets_the_result_as_its_own() {
         result_object: None,
         artifacts: Vec::new(),
         upload_ms: None,
+        started_at: None,
     }));
     assert_eq!(early, Applied::Ignored("report from a worker that does not hold the task"));
     s.complete("w1", "a", 1, json!({"items": [{"output": "hi"}]}));

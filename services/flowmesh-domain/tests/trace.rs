@@ -63,6 +63,7 @@ impl Log {
                 result_object: None,
                 artifacts: Vec::new(),
                 upload_ms: upload,
+                started_at: None,
             }),
         )
     }
@@ -164,6 +165,41 @@ fn a_retried_attempt_counts_its_failed_run_and_its_second_queue() {
     let a = &t.tasks[0];
     assert_eq!((a.attempts, a.worker_id.as_deref(), a.outcome.as_str()), (2, Some("w2"), "completed"));
     assert!(a.spans[2].failed && !a.spans[5].failed, "the failed run is marked");
+}
+
+#[test]
+fn a_task_that_completed_before_its_start_was_due_runs_from_its_started_at() {
+    let mut log = Log::new(CHAIN);
+    for (stage, dispatched, started, ended) in [("a", 100, 104, 110), ("b", 200, 203, 205)] {
+        log.push(
+            dispatched,
+            EventBody::TaskDispatched(TaskDispatched {
+                task: Log::task(stage, 1),
+                worker_id: "w1".into(),
+                task_type: "echo".into(),
+                message: String::new(),
+            }),
+        )
+        .push(
+            ended,
+            EventBody::TaskCompleted(TaskCompleted {
+                task: Log::task(stage, 1),
+                worker_id: "w1".into(),
+                result: None,
+                result_object: None,
+                artifacts: Vec::new(),
+                upload_ms: None,
+                started_at: Some(at(started)),
+            }),
+        );
+    }
+    let t = log.end(205);
+    assert_eq!(spans(&t, "a"), [(Phase::Queued, 0, 100), (Phase::Placement, 100, 104), (Phase::Run, 104, 110)]);
+    assert_eq!(
+        spans(&t, "b"),
+        [(Phase::Waiting, 0, 110), (Phase::Queued, 110, 200), (Phase::Placement, 200, 203), (Phase::Run, 203, 205)]
+    );
+    assert_eq!(t.tasks[1].outcome, "completed");
 }
 
 #[test]

@@ -36,6 +36,10 @@ use tracing::{Instrument, info, info_span, warn};
 
 /// Results up to this size travel inside `task.completed`; larger ones only by reference.
 const INLINE_RESULT_BYTES: usize = 64 * 1024;
+/// A task still running this long after it started is reported `task.started`; one that
+/// completed by then is not (its `task.completed` carries `started_at`): a start nobody could
+/// have watched is not worth a stored message.
+const START_REPORT_DELAY: Duration = Duration::from_millis(20);
 
 /// A task this worker is running.
 struct Active {
@@ -492,13 +496,15 @@ fn task_ref(order: &WorkOrder) -> TaskRef {
 /// Runs one task to its terminal event (not yet published).
 async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::Message) -> Event {
     let worker_id = shared.config.worker_id.clone();
+    let started_at = clock::now_rfc3339();
     let started = Event::new(
         EventBody::TaskStarted(TaskStarted { task: task_ref(order), worker_id: worker_id.clone() }),
-        clock::now_rfc3339(),
+        started_at.clone(),
         0,
     );
-    // In flight while the task runs: it must be stored before anything else is reported.
-    let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
+    // Opened once the start is sent (or known not to be): updates come after it.
+    let (start_gate, start_gate_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut start_gate = Some(start_gate);
     let (trigger, cancel) = shutdown::channel();
     let trigger = Arc::new(trigger);
     let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -520,6 +526,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         let task = task_ref(order);
         let worker_id = worker_id.clone();
         tokio::spawn(async move {
+            let _ = start_gate_rx.await;
             let mut n = 0u64;
             while let Some(update) = updates_rx.recv().await {
                 let body = EventBody::TaskUpdated(TaskUpdated {
@@ -537,6 +544,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     let executors: Vec<&Executor> = shared.executors.iter().chain(runners.iter()).collect();
     let executor = select_executor(&executors, order);
     let uses_files = executor.as_ref().map_or(true, |e| e.uses_files());
+    let task_updates = updates_tx.clone();
     let outcome = async {
         let executor = executor.map_err(ExecError::Permanent)?;
         if uses_files {
@@ -551,7 +559,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             gpus: shared.probe.hardware.gpus.clone(),
             cancel,
             max_runtime: order.spec.get("maxRuntimeSeconds").and_then(Value::as_u64).map(Duration::from_secs),
-            updates: Some(updates_tx.clone()),
+            updates: Some(task_updates),
         };
         if uses_files {
             let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
@@ -560,20 +568,39 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             with_progress(message, shared.config.ack_wait, executor.run(&ctx)).await
         }
     };
-    // The start's ack is taken while the task runs (one task, no spawn), and it is stored
-    // before the end is reported.
-    let start_stored = async {
-        match start {
-            Some(start) => start.stored(&shared.handles.js).await.is_ok(),
-            None => false,
+    // A task that completes within `START_REPORT_DELAY` reports no `task.started`: its
+    // completion carries `started_at`. Any other is reported started first; that start's ack is
+    // taken while the task runs (one task, no spawn), and it is stored before the end is reported.
+    tokio::pin!(outcome);
+    let early = tokio::time::timeout(START_REPORT_DELAY, &mut outcome).await;
+    let (outcome, start_reported) = match early {
+        Ok(Ok(result)) => {
+            start_gate.take();
+            (Ok(result), false)
+        }
+        early => {
+            let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
+            if let Some(gate) = start_gate.take() {
+                let _ = gate.send(());
+            }
+            let start_stored = async {
+                match start {
+                    Some(start) => start.stored(&shared.handles.js).await.is_ok(),
+                    None => false,
+                }
+            };
+            let (outcome, start_stored) = match early {
+                Ok(ended) => (ended, start_stored.await),
+                Err(_) => tokio::join!(outcome, start_stored),
+            };
+            if !start_stored {
+                shared.report(&started).await;
+            }
+            (outcome, true)
         }
     };
-    let (outcome, start_stored) = tokio::join!(outcome, start_stored);
     drop(updates_tx);
     let _ = forwarder.await;
-    if !start_stored {
-        shared.report(&started).await;
-    }
     let storing = std::time::Instant::now();
     if uses_files {
         store_logs(shared, order, &work_dir).await;
@@ -596,6 +623,7 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                 result_object: stored.result_object,
                 artifacts: stored.artifacts,
                 upload_ms: Some(storing.elapsed().as_millis() as u64),
+                started_at: (!start_reported).then_some(started_at),
             }),
             Err(StoreError::Missing(name)) => failed(
                 task,

@@ -404,7 +404,11 @@ struct Seen {
 
 #[derive(Debug)]
 enum Outcome {
-    Started,
+    /// The task started this many ms before the bench saw the event (0 for `task.started`; for a
+    /// task that completed before its start was due, the time from its `started_at` to its end).
+    Started {
+        before_ms: f64,
+    },
     Completed,
     Failed(String),
 }
@@ -412,7 +416,13 @@ enum Outcome {
 /// The outcome an event reports, if it is one the bench times.
 fn outcome(event: &Event) -> Option<(String, Outcome)> {
     let (wf, what) = match &event.body {
-        EventBody::TaskStarted(e) => (&e.task.workflow_id, Outcome::Started),
+        EventBody::TaskStarted(e) => (&e.task.workflow_id, Outcome::Started { before_ms: 0.0 }),
+        EventBody::TaskCompleted(e) if e.started_at.is_some() => {
+            let started = e.started_at.as_deref().and_then(flowmesh_domain::trace::unix_ms);
+            let ended = flowmesh_domain::trace::unix_ms(&event.time);
+            let before_ms = started.zip(ended).map_or(0.0, |(s, e)| e.saturating_sub(s) as f64);
+            (&e.task.workflow_id, Outcome::Started { before_ms })
+        }
         EventBody::WorkflowCompleted(e) => (&e.workflow_id, Outcome::Completed),
         EventBody::WorkflowFailed(e) => {
             (&e.workflow_id, Outcome::Failed(format!("failed: {}", e.reason.as_deref().unwrap_or("no reason given"))))
@@ -487,12 +497,12 @@ impl Pipeline {
     fn settle(&mut self, flight: &mut Flight, workflow_id: &str, what: Outcome, at: Instant) -> bool {
         let elapsed = ms(at.saturating_duration_since(flight.submitted_at));
         match what {
-            Outcome::Started if !flight.started => {
+            Outcome::Started { before_ms } if !flight.started => {
                 flight.started = true;
-                self.to_start.push(elapsed);
+                self.to_start.push((elapsed - before_ms).max(0.0));
                 false
             }
-            Outcome::Started => false,
+            Outcome::Started { .. } => false,
             Outcome::Completed => {
                 self.completed += 1;
                 self.to_done.push(elapsed);
