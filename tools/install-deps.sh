@@ -3,7 +3,7 @@
 # Safe to run again: it does nothing when a recent enough server is already on PATH.
 # `--ml` also installs the ML runners (services/flowmesh-runners) with their dependency groups
 # (torch, transformers, peft, trl, datasets, sentence-transformers, pytest) through pip; pip's
-# cache (~/.cache/pip) keeps the large wheels between runs. Then start workers with FLOWMESH_RUNNERS=python3.
+# cache (~/.cache/pip) keeps the large wheels between runs. Workers use them by default (FLOWMESH_RUNNERS=auto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,5 +35,5 @@ if [ "${1:-}" = "--ml" ]; then
   echo "install-deps: installing the ML runners and their dependencies (large: torch)"
   start=$(date +%s)
   python3 -m pip install --quiet --disable-pip-version-check -e "services/flowmesh-runners[inference,train,rag,test]"
-  echo "install-deps: ML runners installed in $(( $(date +%s) - start ))s; workers use them with FLOWMESH_RUNNERS=python3"
+  echo "install-deps: ML runners installed in $(( $(date +%s) - start ))s; workers use them by default (FLOWMESH_RUNNERS=auto)"
 fi

@@ -37,7 +37,8 @@ FLOWMESH_SIMULATE_HW="$hw" FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP="$work/ti
   FLOWMESH_DATASETS_DIR="$work/tiny/datasets" HF_HUB_OFFLINE=1 WORKER_ID=ml-cpu \
   flowmesh worker >ml.log 2>&1 &
 pids+=($!)
-for _ in $(seq 900); do flowmesh worker list 2>/dev/null | grep -q ml-cpu && break; sleep 0.2; done
+# The runners answer in the background: wait until the worker lists them (trl among them).
+for _ in $(seq 1500); do flowmesh worker info ml-cpu 2>/dev/null | grep -q '"trl"' && break; sleep 0.2; done
 flowmesh worker list
 done_n=0; total=0
 for doc in "${docs[@]}"; do

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Runs the README's tour and command list against a private local stack, so the README cannot
 # rot: first it checks that every `flowmesh …` line in the README's sh blocks appears below
-# (workflow ids normalised), then it runs them and checks their outcomes.
+# (workflow ids normalised), then it runs them and checks their outcomes. The tiny train-and-serve
+# part runs only with `--ml` (the long suite: ./tools/test.sh --long) and the ML runners installed.
 set -euo pipefail
+ml=no
+case "${1:-}" in
+  --ml) ml=yes ;;
+  "") ;;
+  *) echo "usage: readme-tour.sh [--ml]" >&2; exit 2 ;;
+esac
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin="$repo/target/debug"
 [ -x "$bin/flowmesh" ] || { echo "readme-tour: build first (cargo build)" >&2; exit 1; }
@@ -62,7 +69,7 @@ expect 0 flowmesh events --workflow "$first"
 expect 1 flowmesh plan examples/valid/ppo.yaml
 expect 1 flowmesh submit examples/valid/ppo.yaml --watch 2>ppo1.log
 grep -q 'no_eligible_worker' ppo1.log || { cat ppo1.log; echo "readme-tour: the PPO stage did not fail with no_eligible_worker" >&2; exit 1; }
-FLOWMESH_SIMULATE_HW="$(cat examples/hardware/gpu-h100.json)" FLOWMESH_EXECUTORS=examples/executors/demo-trainer.toml WORKER_ID=gpu-sim-1 flowmesh worker >gpu.log 2>&1 &
+FLOWMESH_RUNNERS=off FLOWMESH_SIMULATE_HW="$(cat examples/hardware/gpu-h100.json)" FLOWMESH_EXECUTORS=examples/executors/demo-trainer.toml WORKER_ID=gpu-sim-1 flowmesh worker >gpu.log 2>&1 &
 pids+=($!)
 wait_for "the simulated GPU worker" sh -c 'flowmesh worker list | grep -q gpu-sim-1'
 expect 0 flowmesh plan examples/valid/ppo.yaml
@@ -71,14 +78,17 @@ ppo=$(id_of ppo2.log)
 expect 0 flowmesh result fetch "$ppo-main" --out ./out
 [ -s out/results.json ] && [ -s out/artifacts/checkpoints/model.txt ] || { echo "readme-tour: result fetch wrote no files" >&2; exit 1; }
 
-# "Train and serve a tiny model for real", when the ML runners are installed
-# (./tools/install-deps.sh --ml; CI installs them).
-if python3 -c "import flowmesh_runners, torch, transformers, peft, trl, datasets" 2>/dev/null; then
+# "Train and serve a tiny model for real", with --ml and the ML runners installed
+# (./tools/install-deps.sh --ml; CI installs them and runs the long suite).
+if [ "$ml" = no ]; then
+  echo "readme-tour: the tiny train and serve runs in the long suite (./tools/test.sh --long)"
+elif python3 -c "import flowmesh_runners, torch, transformers, peft, trl, datasets" 2>/dev/null; then
   python3 -m flowmesh_runners.tiny ./tiny-models >/dev/null 2>tiny-build.log
-  FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP=$PWD/tiny-models/models.json WORKER_ID=ml-1 flowmesh worker >ml.log 2>&1 &
+  FLOWMESH_MODEL_MAP=$PWD/tiny-models/models.json WORKER_ID=ml-1 flowmesh worker >ml.log 2>&1 &
   pids+=($!)
-  # Its runner probe imports torch and TRL: give it longer than wait_for's minute.
-  for _ in $(seq 900); do flowmesh worker list 2>/dev/null | grep -q ml-1 && break; sleep 0.2; done
+  # Runners are on by default; the worker asks them in the background (importing torch and TRL
+  # is slow) and lists them as initialising until they answer: give it longer than a minute.
+  for _ in $(seq 900); do flowmesh worker info ml-1 2>/dev/null | grep -q '"trl"' && break; sleep 0.2; done
   expect 0 flowmesh worker info ml-1 >ml-info.json
   grep -q '"trl"' ml-info.json && grep -q 'unavailable' ml-info.json || { cat ml-info.json; echo "readme-tour: ml-1 does not list its runners" >&2; exit 1; }
   expect 0 flowmesh submit examples/valid/tiny_sft_then_inference.yaml --watch 2>tiny.log

@@ -209,6 +209,8 @@ impl World {
             .args(args)
             .env("NATS_URL", self.url())
             .env("RUST_LOG", "info,async_nats=warn")
+            // A worker asks for ML runners by default; a scenario that wants them says so.
+            .env("FLOWMESH_RUNNERS", "off")
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
@@ -257,7 +259,10 @@ impl World {
     /// Runs `flowmesh <args>` to its end against this world (from the repository root, so the
     /// examples' relative paths work) and returns what it printed.
     pub async fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
-        Ok(tokio::process::Command::new(flowmesh_bin())
+        // The first call runs `cargo build` (seconds on a busy machine): off the runtime's
+        // thread, so the in-process services keep their heartbeats meanwhile.
+        let bin = tokio::task::spawn_blocking(flowmesh_bin).await?;
+        Ok(tokio::process::Command::new(bin)
             .args(args)
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .env("NATS_URL", self.url())

@@ -31,6 +31,7 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         concurrency: 4,
         mix: "echo=3,python=1".parse()?,
         raw: true,
+        raw_messages: 500,
         timeout: DEADLINE,
         fleet_wait: DEADLINE,
         replicas: 1,
@@ -55,9 +56,9 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert!(report.tasks_per_sec > 0.0 && report.wall_ms >= done.max * 0.99, "{report:#?}");
 
     let raw = report.raw.clone().expect("--raw was asked for");
-    assert_eq!(raw.messages, 20);
+    assert_eq!(raw.messages, 500);
     assert!(raw.msgs_per_sec > 0.0 && raw.message_bytes > 100, "{raw:?}");
-    assert_ordered("raw publish → consume", raw.publish_to_consume_ms, 20);
+    assert_ordered("raw publish → consume", raw.publish_to_consume_ms, 500);
     let ratio = report.ratio_to_raw.expect("a ratio with --raw");
     assert!((ratio - report.tasks_per_sec / raw.msgs_per_sec).abs() < 1e-9, "{report:#?}");
     assert!(raw.stream.starts_with(subjects::BENCH_RAW_STREAM_PREFIX), "{}", raw.stream);
@@ -87,7 +88,21 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(serde_json::from_str::<Report>(&json)?, report);
 
     // The binary, as a script uses it: JSON on stdout, success in the exit code.
-    let out = world.cli(&["bench", "--tasks", "6", "--concurrency", "3", "--mix", "echo=1", "--raw", "--json"]).await?;
+    let out = world
+        .cli(&[
+            "bench",
+            "--tasks",
+            "6",
+            "--concurrency",
+            "3",
+            "--mix",
+            "echo=1",
+            "--raw",
+            "--raw-messages",
+            "300",
+            "--json",
+        ])
+        .await?;
     assert!(out.status.success(), "{}", tests::output_text(&out));
     let report: Report =
         serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{e}: {}", tests::output_text(&out)))?;

@@ -14,6 +14,7 @@ fn ended(events: &[flowmesh_domain::Event]) -> usize {
 }
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn kill_9_of_each_service_mid_run_loses_nothing_and_ends_each_task_once() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     let router = |id: &'static str| [("ROUTER_ID", id), ("ROUTER_LEASE_TTL_SEC", "2")];

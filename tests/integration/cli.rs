@@ -49,7 +49,12 @@ async fn submit_watch_list_plan_and_fetch() -> anyhow::Result<()> {
     let dir = world.dir.path().join("fetched");
     let out = world.cli(&["result", "fetch", "wf-1-main", "--out", dir.to_str().unwrap()]).await?;
     assert!(out.status.success(), "{}", tests::output_text(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("digest verified"));
+    // An echo stores no files: its result comes from its completion event.
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("inline in its task.completed event"),
+        "{}",
+        tests::output_text(&out)
+    );
     let fetched: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("results.json"))?)?;
     assert_eq!(fetched, results["main"]);
 

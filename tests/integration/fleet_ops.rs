@@ -2,6 +2,7 @@
 //! showing what operators asked, and `workerTags` selecting workers by their WORKER_TAGS.
 
 use flowmesh_domain::EventBody;
+use futures_util::StreamExt;
 use tests::{World, output_text, worker_config};
 
 fn doc(name: &str, command: &str, tags: &str) -> String {
@@ -88,7 +89,10 @@ async fn worker_tags_select_workers_and_plan_explains_them() -> anyhow::Result<(
 async fn worker_drain_stops_new_work_lets_running_work_finish_and_lists_it() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.stack().await?;
-    let running = world.submit(doc("slow", "sleep 3", "[]").as_bytes(), None).await?;
+    // The running task holds until the test releases it, however slow the machine.
+    let release = world.dir.path().join("release");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
+    let running = world.submit(doc("slow", &hold, "[]").as_bytes(), None).await?;
     world
         .wait_for("the slow task to start", |events| {
             events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == running))
@@ -102,16 +106,28 @@ async fn worker_drain_stops_new_work_lets_running_work_finish_and_lists_it() -> 
     let out = world.cli(&["worker", "list"]).await?;
     assert!(String::from_utf8_lossy(&out.stdout).contains("draining (1 running)"), "{}", output_text(&out));
 
+    // Waiting on a drain is waiting for a slot: explained live on the hints subject, not stored.
+    let mut hints = world.client.subscribe(flowmesh_nats::subjects::hint("wf-2", "wf-2-main")).await?;
     let queued = world.submit(doc("queued", "true", "[]").as_bytes(), None).await?;
+    assert_eq!(queued, "wf-2");
+    std::fs::write(&release, "")?;
     let events = world.wait_workflow_end(&running).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "what runs finishes");
-    world
-        .wait_for("the queued task to wait on the drain", |events| {
-            events.iter().any(|e| {
-                matches!(&e.body, EventBody::TaskPending(p) if p.task.workflow_id == queued && p.message.contains("1 is draining"))
-            })
-        })
-        .await?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let hint = tokio::time::timeout_at(deadline, hints.next()).await?.expect("a hint");
+        let hint: flowmesh_domain::event::Event = serde_json::from_slice(&hint.payload)?;
+        match &hint.body {
+            EventBody::TaskPending(p) if p.message.contains("1 is draining") => {
+                assert_eq!(p.reason, "busy");
+                break;
+            }
+            EventBody::TaskPending(_) => continue,
+            other => panic!("a hint is a task.pending: {other:?}"),
+        }
+    }
+    let stored = world.events();
+    assert!(!stored.iter().any(|e| matches!(&e.body, EventBody::TaskPending(p) if p.task.workflow_id == queued)));
     wait_listed_status(&world, "w1", "idle, drained").await?;
 
     let out = world.cli(&["worker", "uncordon", "w1"]).await?;

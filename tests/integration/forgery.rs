@@ -126,7 +126,7 @@ async fn a_worker_cannot_forge_accept_complete_or_preclaim() -> anyhow::Result<(
             task: TaskRef { workflow_id: victim.clone(), task_id: task.clone(), stage: "main".into(), attempt: 1 },
             worker_id: worker.into(),
             result: Some(serde_json::json!({"forged": true})),
-            result_object: format!("{task}/results.json"),
+            result_object: Some(format!("{task}/results.json")),
             artifacts: Vec::new(),
             upload_ms: None,
         });

@@ -6,6 +6,7 @@
 use flowmesh_domain::EventBody;
 use flowmesh_domain::event::Event;
 use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_worker::Config;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -53,14 +54,40 @@ fn tiny_models(dir: &Path) -> Option<PathBuf> {
     Some(dir.join("models/models.json"))
 }
 
-async fn snapshot(world: &World, id: &str) -> anyhow::Result<WorkerSnapshot> {
+const ML_TYPES: [&str; 7] = ["inference", "sft", "lora_sft", "dpo", "ppo", "embedding", "rag"];
+
+fn initialising(snap: &WorkerSnapshot) -> bool {
+    snap.executors.iter().any(|e| e.unavailable.as_deref().is_some_and(|r| r.starts_with("initialising")))
+}
+
+/// Starts the worker and follows every snapshot it publishes until its runners have answered
+/// (the probe runs in the background). Every snapshot before that lists the runners as
+/// initialising and advertises no ML type: a type is advertised only once its runner initialised.
+async fn start_and_wait_for_runners(world: &mut World, config: Config) -> anyhow::Result<WorkerSnapshot> {
+    use futures_util::StreamExt;
+    let id = config.worker_id.clone();
+    let mut watch = world.handles.workers.watch(&id).await?;
+    world.worker(config).await?;
     let deadline = tokio::time::Instant::now() + ML_DEADLINE;
+    let mut before = 0;
     loop {
-        if let Some(bytes) = world.handles.workers.get(id).await? {
-            return Ok(serde_json::from_slice(&bytes)?);
+        let entry = tokio::time::timeout_at(deadline, watch.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{id}: its runners never answered ({before} snapshots)"))?
+            .ok_or_else(|| anyhow::anyhow!("the watch of {id} ended"))??;
+        if entry.operation != async_nats::jetstream::kv::Operation::Put {
+            continue;
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no snapshot for {id}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let snap: WorkerSnapshot = serde_json::from_slice(&entry.value)?;
+        if initialising(&snap) {
+            let early: Vec<&String> =
+                snap.supported_task_types.iter().filter(|t| ML_TYPES.contains(&t.as_str())).collect();
+            assert!(early.is_empty(), "{id} advertised {early:?} before its runners initialised");
+            before += 1;
+            continue;
+        }
+        assert!(before > 0, "{id} published a snapshot before its runners answered, without waiting for them");
+        return Ok(snap);
     }
 }
 
@@ -102,11 +129,12 @@ async fn ml_world(dir_name: &str, model_map: &Path) -> anyhow::Result<World> {
     world.control_plane().await?;
     let mut config = worker_config(&world, dir_name, None);
     config.runners_python = Some(interpreter(world.dir.path(), Some(model_map), "")?);
-    world.worker(config).await?;
-    let snap = snapshot(&world, dir_name).await?;
+    let snap = start_and_wait_for_runners(&mut world, config).await?;
     for t in ["inference", "sft", "lora_sft", "dpo", "ppo"] {
         assert!(snap.supported_task_types.contains(&t.to_owned()), "{t} advertised: {:?}", snap.supported_task_types);
     }
+    let transformers = snap.executors.iter().find(|e| e.name == "transformers").expect("the transformers runner");
+    assert_eq!(transformers.backends, ["transformers"], "its backend is advertised for placement");
     Ok(world)
 }
 
@@ -124,6 +152,7 @@ spec:
 "#;
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn an_inference_task_generates_text_with_a_real_tiny_model() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
@@ -184,6 +213,7 @@ spec:
 "#;
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn a_trained_adapter_flows_to_inference_through_a_placeholder() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
@@ -231,8 +261,7 @@ async fn a_worker_whose_runners_cannot_import_torch_never_receives_inference() -
     world.control_plane().await?;
     let mut config = worker_config(&world, "no-torch", None);
     config.runners_python = Some(interpreter(world.dir.path(), None, "-S")?);
-    world.worker(config).await?;
-    let snap = snapshot(&world, "no-torch").await?;
+    let snap = start_and_wait_for_runners(&mut world, config).await?;
     assert!(!snap.supported_task_types.contains(&"inference".to_owned()), "{:?}", snap.supported_task_types);
     let transformers = snap.executors.iter().find(|e| e.name == "transformers").expect("listed by name");
     assert!(transformers.task_types.is_empty());
@@ -275,6 +304,7 @@ fn processes_in(dir: &Path) -> Vec<String> {
 }
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn cancelling_a_training_run_kills_its_runner_process() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let Some(map) = tiny_models(scratch.path()) else { return Ok(()) };
@@ -293,9 +323,43 @@ async fn cancelling_a_training_run_kills_its_runner_process() -> anyhow::Result<
     assert!(out.status.success(), "{}", tests::output_text(&out));
     let events = wait_end(&world, &wf).await?;
     assert!(
-        events.iter().any(|e| matches!(&e.body, EventBody::TaskCancelled(c) if c.worker_id.as_deref() == Some("ml-3")))
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskCancelled(c) if c.worker_id.as_deref() == Some("ml-3"))),
+        "{events:#?}"
     );
     assert_eq!(processes_in(&work_dir), Vec::<String>::new(), "the runner's process group was killed");
     world.shutdown().await;
+    Ok(())
+}
+
+/// The probe's answer is remembered under the package's fingerprint and the machine's GPUs: a
+/// second ask with the same interpreter, packages and GPUs reads it back instead of importing
+/// everything again; other GPUs (or another interpreter) probe afresh. `python3 -S` keeps it quick.
+#[tokio::test]
+async fn a_probe_is_remembered_per_interpreter_packages_and_gpus() -> anyhow::Result<()> {
+    use flowmesh_worker::runner::{Source, probe};
+    let dir = tempfile::tempdir()?;
+    let python = interpreter(dir.path(), None, "-S")?;
+    let cache = dir.path().join("cache");
+    let (ready, missing, source) = probe(&python, Some(&cache), "gpus=[]").await.map_err(anyhow::Error::msg)?;
+    assert_eq!(source, Source::Probed);
+    assert!(ready.is_empty(), "nothing imports torch without site-packages");
+    assert!(missing.iter().any(|u| u.name == "transformers" && u.reason.contains("torch")), "{missing:?}");
+    let files: Vec<_> = std::fs::read_dir(&cache)?.flatten().map(|e| e.file_name()).collect();
+    assert_eq!(files.len(), 1, "one remembered answer: {files:?}");
+
+    let (_, again, source) = probe(&python, Some(&cache), "gpus=[]").await.map_err(anyhow::Error::msg)?;
+    assert_eq!(source, Source::Remembered);
+    assert_eq!(again, missing, "the same answer, read back");
+    let (_, _, source) =
+        probe(&python, Some(&cache), "gpus=[\"GPU-1:NVIDIA H100\"]").await.map_err(anyhow::Error::msg)?;
+    assert_eq!(source, Source::Probed, "other GPUs are another machine");
+    let full = interpreter(dir.path(), None, "")?;
+    if std::process::Command::new("python3").args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success()) {
+        let (ready, _, source) = probe(&full, Some(&cache), "gpus=[]").await.map_err(anyhow::Error::msg)?;
+        assert_eq!(source, Source::Probed, "another search path (site-packages) is another fingerprint");
+        assert!(ready.iter().any(|r| r.name == "transformers"), "{ready:?}");
+    }
+    let (_, _, source) = probe(&python, None, "gpus=[]").await.map_err(anyhow::Error::msg)?;
+    assert_eq!(source, Source::Probed, "without a cache folder every ask probes");
     Ok(())
 }

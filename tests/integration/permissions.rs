@@ -61,6 +61,8 @@ enum Action {
     ReportAsOwn,
     ReportAsOther,
     SendWork,
+    SendHint,
+    HearHints,
     WriteOwnSnapshot,
     WriteOtherSnapshot,
     TakeRouterLease,
@@ -96,6 +98,8 @@ const MATRIX: &[(Action, &[&str])] = &[
     (ReportAsOwn, &["worker", "worker-own", "router", "admin"]),
     (ReportAsOther, &["worker", "router", "admin"]),
     (SendWork, &["router", "admin"]),
+    (SendHint, &["router", "admin"]),
+    (HearHints, &["submitter", "alice", "admin"]),
     (WriteOwnSnapshot, &["worker", "worker-own", "admin"]),
     (WriteOtherSnapshot, &["worker", "admin"]),
     (TakeRouterLease, &["router", "admin"]),
@@ -150,6 +154,8 @@ impl Action {
             ReportAsOwn => "task.completed.own",
             ReportAsOther => "task.completed.other",
             SendWork => "flowmesh.work.own",
+            SendHint => "flowmesh.hints.wf-1.",
+            HearHints => "flowmesh.hints.wf-1.*",
             WriteOwnSnapshot => "$KV.flowmesh_workers.own",
             WriteOtherSnapshot => "$KV.flowmesh_workers.other",
             RollUpFleet => "$KV.flowmesh_workers",
@@ -185,6 +191,22 @@ impl Action {
             ReportAsOwn => store(&me.js, event("wf-1-main.task.completed.own"), b"{}").await,
             ReportAsOther => store(&me.js, event("wf-1-main.task.completed.other"), b"{}").await,
             SendWork => store(&me.js, subjects::work("own"), b"{}").await,
+            // A core publish: refused by the server or heard by the admin's subscription.
+            SendHint => {
+                // One subject per user: the cells run at once, and one user's hint must not
+                // count as another's.
+                let subject = subjects::hint("wf-1", &format!("wf-1-{user}"));
+                let listener = login(world, "admin").await.map_err(text)?;
+                let mut heard = listener.client.subscribe(subject.clone()).await.map_err(text)?;
+                listener.client.flush().await.map_err(text)?;
+                me.client.publish(subject, "{}".into()).await.map_err(text)?;
+                me.client.flush().await.map_err(text)?;
+                match tokio::time::timeout(Duration::from_secs(2), heard.next()).await {
+                    Ok(Some(_)) => Ok(()),
+                    other => Err(format!("the hint was not delivered: {other:?}")),
+                }
+            }
+            HearHints => hear(me, world, &subjects::workflow_hints("wf-1"), &subjects::hint("wf-1", "wf-1-main")).await,
             WriteOwnSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "own").await,
             WriteOtherSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "other").await,
             // `Nats-Rollup: all` on a key one may write would purge every other key of the bucket.

@@ -54,19 +54,21 @@ async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
     let completed = completed.expect("a completion");
     let expected = serde_json::json!({"ok": true, "count": 3, "items": [{"output": "hello"}, {"output": "from"}, {"output": "flowmesh"}]});
     assert_eq!(completed.result, Some(expected.clone()));
-    assert_eq!(completed.result_object, format!("{task_id}/results.json"));
-    let artifact = completed.artifacts.iter().find(|a| a.name == "results.json").expect("results.json artifact");
-    assert!(artifact.digest.starts_with("SHA-256="));
+    // An echo stores nothing: no object, no artifact, no folder on the worker; its result is inline.
+    assert_eq!(completed.result_object, None);
+    assert!(completed.artifacts.is_empty(), "{:?}", completed.artifacts);
+    assert!(!world.dir.path().join("results/w1").join(&task_id).exists(), "an echo made a task folder");
+    let store = world.handles.js.get_object_store(flowmesh_nats::subjects::ARTIFACTS_BUCKET).await?;
+    let stored = futures_util::StreamExt::collect::<Vec<_>>(store.list().await?).await;
+    assert!(stored.is_empty(), "an echo stored objects: {}", stored.len());
 
-    // The object store holds the result, and fetching verifies its digest.
+    // Fetching it writes the inline result as results.json, and says it was not downloaded.
     let out = world.dir.path().join("fetched");
     let fetched = flowmesh::views::fetch_results(&world.handles.js, &task_id, &out).await?;
-    assert!(fetched.iter().any(|(name, _)| name == "results.json"));
-    let stored: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("results.json"))?)?;
-    assert_eq!(stored, expected);
-    // And the worker wrote it locally too.
-    let local = world.dir.path().join("results/w1").join(&task_id).join("results.json");
-    assert_eq!(serde_json::from_slice::<serde_json::Value>(&std::fs::read(local)?)?, expected);
+    let names: Vec<(&str, bool)> = fetched.iter().map(|f| (f.name.as_str(), f.verified)).collect();
+    assert_eq!(names, [("results.json", false)]);
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("results.json"))?)?;
+    assert_eq!(written, expected);
 
     // Every event on the log validates against schemas/event.schema.json.
     for e in world.events() {

@@ -116,6 +116,7 @@ fn keygen(path: &std::path::Path) -> String {
 }
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn an_interactive_session_says_where_to_connect_admits_its_key_and_ends_when_idle() -> anyhow::Result<()> {
     if !docker_ready() {
         return Ok(());

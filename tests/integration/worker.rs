@@ -157,6 +157,7 @@ async fn sigterm_drains_in_flight_work_then_leaves_the_fleet() -> anyhow::Result
 }
 
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn a_nats_server_restart_mid_task_loses_nothing() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.stack().await?;
@@ -180,6 +181,7 @@ async fn a_nats_server_restart_mid_task_loses_nothing() -> anyhow::Result<()> {
 /// regains contact it gives every worker a TTL to be heard again before judging it, so nothing
 /// is declared lost and nothing runs twice.
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn a_nats_outage_longer_than_the_ttl_loses_no_worker_and_reruns_nothing() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.stack().await?;
@@ -248,6 +250,7 @@ async fn a_draining_worker_hands_back_what_outlives_its_grace_and_another_worker
 /// A worker asked to drain while NATS is unreachable stops within its grace periods instead of
 /// retrying its reports forever; its journal keeps what it could not report.
 #[tokio::test]
+#[ignore = "long suite: ./tools/test.sh --long"]
 async fn a_worker_draining_during_a_nats_outage_stops_within_its_grace() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.control_plane().await?;

@@ -119,10 +119,13 @@ pub struct TaskCompleted {
     #[serde(flatten)]
     pub task: TaskRef,
     pub worker_id: String,
-    /// The result itself when small; otherwise `None` and `result_object` names it.
+    /// The result itself when small (64 KiB or less); otherwise `None` and `result_object` names it.
     #[serde(default)]
     pub result: Option<Value>,
-    pub result_object: String,
+    /// The stored `results.json`; `None` when the task stored no files at all (an echo): its
+    /// result travels only inline, in `result`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_object: Option<String>,
     pub artifacts: Vec<Artifact>,
     /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

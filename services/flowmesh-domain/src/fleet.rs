@@ -39,6 +39,15 @@ impl WorkerSnapshot {
     pub fn warm(&self, model: &str) -> Option<&WarmModel> {
         self.warm_models.iter().find(|m| m.id.eq_ignore_ascii_case(model))
     }
+
+    /// Whether the worker serves `task_type` with `backend` (an inference backend, `vllm`):
+    /// one of its executors for the type lists the backend, or lists none (a plugin that picks
+    /// its backend itself). A snapshot that names no executor for the type (an older worker's)
+    /// is taken to serve every backend of the types it advertises.
+    pub fn serves_backend(&self, task_type: &str, backend: &str) -> bool {
+        let mut serving = self.executors.iter().filter(|e| e.task_types.iter().any(|t| t == task_type)).peekable();
+        serving.peek().is_none() || serving.any(|e| e.backends.is_empty() || e.backends.iter().any(|b| b == backend))
+    }
 }
 
 /// A model a worker holds warm.
@@ -106,6 +115,9 @@ pub struct Gpu {
 pub struct ExecutorInfo {
     pub name: String,
     pub task_types: Vec<String>,
+    /// The inference backends it serves (`transformers`, `vllm`); empty: not declared, any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<String>,
     /// Why a known executor (an ML runner) is not constructed here; it then serves no task type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable: Option<String>,

@@ -5,6 +5,7 @@
 
 use crate::fleet::{WorkerSnapshot, WorkerStatus, uses_service_slot};
 use crate::units::{self, format_bytes};
+use crate::validate::{InferenceBackend, inference_backend};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
@@ -24,6 +25,9 @@ pub struct Request {
     /// The model the task loads (`model.source.identifier`): a worker holding it warm is
     /// preferred among the eligible ones, never chosen over a rule.
     pub model: Option<String>,
+    /// The inference backend the spec's fields select (`validate::inference_backend`, the
+    /// validator's own classifier); a worker must serve it. `None`: not inference, or auto.
+    pub backend: Option<InferenceBackend>,
 }
 
 /// The model a spec loads, as workers advertise warm ones: `model.source.identifier`, else
@@ -103,7 +107,17 @@ pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>)
             .collect::<Result<_, _>>()?,
         Some(other) => return Err(format!("workerTags must be a list of tags, found {other}")),
     };
-    Ok(Request { task_type: task_type.to_owned(), cpu, memory_bytes, gpu, selected, tags, model: model_of(spec) })
+    let backend = Some(inference_backend(spec)).filter(|b| task_type == "inference" && b.name().is_some());
+    Ok(Request {
+        task_type: task_type.to_owned(),
+        cpu,
+        memory_bytes,
+        gpu,
+        selected,
+        tags,
+        model: model_of(spec),
+        backend,
+    })
 }
 
 /// What the scheduler knows of a worker beyond its snapshot.
@@ -123,13 +137,26 @@ pub struct Candidate<'a> {
 pub enum Exclusion {
     NotSelected,
     TaskType,
+    /// It serves the task type, but not with the inference backend the spec selects.
+    Backend(InferenceBackend),
     Tags,
-    Cpu { have: f64, need: f64 },
-    Memory { have: u64, need: u64 },
-    Gpu { matching: u32, need: u32 },
+    Cpu {
+        have: f64,
+        need: f64,
+    },
+    Memory {
+        have: u64,
+        need: u64,
+    },
+    Gpu {
+        matching: u32,
+        need: u32,
+    },
     Cordoned,
     Draining,
-    NoFreeSlot { service: bool },
+    NoFreeSlot {
+        service: bool,
+    },
 }
 
 impl Exclusion {
@@ -139,6 +166,7 @@ impl Exclusion {
             self,
             Exclusion::NotSelected
                 | Exclusion::TaskType
+                | Exclusion::Backend(_)
                 | Exclusion::Tags
                 | Exclusion::Cpu { .. }
                 | Exclusion::Memory { .. }
@@ -151,6 +179,7 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => "not_selected",
             Exclusion::TaskType => "task_type",
+            Exclusion::Backend(_) => "backend",
             Exclusion::Tags => "tags",
             Exclusion::Cpu { .. } => "cpu",
             Exclusion::Memory { .. } => "memory",
@@ -167,6 +196,11 @@ impl Exclusion {
         match self {
             Exclusion::NotSelected => format!("{is} not in selected_worker"),
             Exclusion::TaskType => format!("{do_} not serve task type {:?}", request.task_type),
+            Exclusion::Backend(backend) => format!(
+                "{do_} not serve the {:?} inference backend ({} select it)",
+                backend.name().unwrap_or("auto"),
+                backend.selected_by()
+            ),
             Exclusion::Tags => format!("{do_} not match workerTags [{}]", request.tags.join(", ")),
             Exclusion::Cpu { have, need } => format!("{has} {have} of {need} CPU cores"),
             Exclusion::Memory { have, need } => {
@@ -216,10 +250,17 @@ pub fn explain(request: &Request, c: &Candidate<'_>) -> Vec<Exclusion> {
     out
 }
 
-/// The checks after selection and task type, in order: worker tags, CPU and memory (clamped by
-/// the ssh caps for `ssh` tasks), GPUs, cordon, drain, a free slot. Shared by `explain` and the index.
+/// The checks after selection and task type, in order: the inference backend, worker tags, CPU
+/// and memory (clamped by the ssh caps for `ssh` tasks), GPUs, cordon, drain, a free slot.
+/// Shared by `explain` and the index.
 fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[String], note: &mut dyn FnMut(Exclusion)) {
     let w = c.snapshot;
+    if let Some(backend) = request.backend
+        && let Some(name) = backend.name()
+        && !w.serves_backend(&request.task_type, name)
+    {
+        note(Exclusion::Backend(backend));
+    }
     if !tags_match(&request.tags, &w.tags) {
         note(Exclusion::Tags);
     }
@@ -388,6 +429,7 @@ struct RequestKey {
     selected: Option<Vec<String>>,
     tags: Vec<String>,
     model: Option<String>,
+    backend: Option<InferenceBackend>,
 }
 
 impl RequestKey {
@@ -402,6 +444,7 @@ impl RequestKey {
             selected: r.selected.clone(),
             tags: r.tags.clone(),
             model: r.model.clone(),
+            backend: r.backend,
         }
     }
 }
@@ -736,13 +779,14 @@ fn exclusion_rank(e: &Exclusion) -> usize {
     match e {
         Exclusion::NotSelected => 0,
         Exclusion::TaskType => 1,
-        Exclusion::Tags => 2,
-        Exclusion::Cpu { .. } => 3,
-        Exclusion::Memory { .. } => 4,
-        Exclusion::Gpu { .. } => 5,
-        Exclusion::Cordoned => 6,
-        Exclusion::Draining => 7,
-        Exclusion::NoFreeSlot { .. } => 8,
+        Exclusion::Backend(_) => 2,
+        Exclusion::Tags => 3,
+        Exclusion::Cpu { .. } => 4,
+        Exclusion::Memory { .. } => 5,
+        Exclusion::Gpu { .. } => 6,
+        Exclusion::Cordoned => 7,
+        Exclusion::Draining => 8,
+        Exclusion::NoFreeSlot { .. } => 9,
     }
 }
 

@@ -38,6 +38,10 @@ pub enum Action {
     Publish(EventBody),
     /// Publish `task.dispatched`, then the work order to the worker.
     Dispatch { event: TaskDispatched, order: WorkOrder },
+    /// Tell whoever watches why a task waits for a slot on a busy fleet, without storing it
+    /// (core NATS, `flowmesh.hints.<workflow>.<task>`): waiting for a slot changes nothing in the
+    /// fold, so it is no event. Sent again only when the explanation changes.
+    Hint(TaskPending),
 }
 
 fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
@@ -57,6 +61,8 @@ fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
 pub struct Requests {
     known: HashMap<(String, u32), Request>,
     used: HashSet<(String, u32)>,
+    /// The last busy explanation hinted for each waiting task attempt.
+    hinted: HashMap<(String, u32), String>,
 }
 
 impl Requests {
@@ -125,6 +131,7 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     actions.extend(prewarm_hints(state, &candidates));
     let used = std::mem::take(&mut requests.used);
     requests.known.retain(|key, _| used.contains(key));
+    requests.hinted.retain(|key, _| used.contains(key));
     requests.used = used;
     actions
 }
@@ -234,7 +241,7 @@ fn decide_merged(wf: &WorkflowState, t: &TaskState, tref: TaskRef, state: &State
             task: tref,
             worker_id: l.worker_id.clone().unwrap_or_default(),
             result: l.result.clone(),
-            result_object: l.result_object.clone().unwrap_or_default(),
+            result_object: l.result_object.clone(),
             artifacts: l.artifacts.clone(),
             upload_ms: None,
         }))),
@@ -467,6 +474,20 @@ fn decide_waiting(
             if t.pending_message.as_deref() == Some(explanation.message.as_str()) && t.unplaceable_since_ms == since {
                 return None;
             }
+            // Busy, and the fold has no unplaceable clock to stop: nothing to store.
+            if !unplaceable && t.unplaceable_since_ms.is_none() {
+                if requests.hinted.get(&key) == Some(&explanation.message) {
+                    return None;
+                }
+                requests.hinted.insert(key, explanation.message.clone());
+                return Some(Action::Hint(TaskPending {
+                    task: tref,
+                    reason: "busy".to_owned(),
+                    message: explanation.message.clone(),
+                    explanation,
+                    unplaceable_since_ms: None,
+                }));
+            }
             Some(Action::Publish(EventBody::TaskPending(TaskPending {
                 task: tref,
                 reason: if unplaceable { "no_eligible_worker" } else { "busy" }.to_owned(),
@@ -494,6 +515,15 @@ pub fn work_order(wf: &WorkflowState, t: &TaskState, spec: serde_json::Value) ->
         t.def.depends_on.iter().filter_map(|d| wf.task(d).map(|u| (d.clone(), u.def.task_id.clone()))).collect();
     let upstream_artifacts =
         t.def.depends_on.iter().filter_map(|d| wf.task(d).map(|u| (d.clone(), u.artifacts.clone()))).collect();
+    // A stage that stored no files has its result only inline: the order carries it.
+    let upstream_results = t
+        .def
+        .depends_on
+        .iter()
+        .filter_map(|d| {
+            wf.task(d).filter(|u| u.result_object.is_none()).and_then(|u| Some((d.clone(), u.result.clone()?)))
+        })
+        .collect();
     WorkOrder {
         workflow_id: wf.workflow_id.clone(),
         task_id: t.def.task_id.clone(),
@@ -503,5 +533,6 @@ pub fn work_order(wf: &WorkflowState, t: &TaskState, spec: serde_json::Value) ->
         spec,
         upstream,
         upstream_artifacts,
+        upstream_results,
     }
 }

@@ -210,7 +210,7 @@ impl State {
                     t.status = TaskStatus::Completed;
                     t.worker_id = Some(e.worker_id.clone());
                     t.result = e.result.clone();
-                    t.result_object = Some(e.result_object.clone());
+                    t.result_object = e.result_object.clone();
                     t.artifacts = e.artifacts.clone();
                     Applied::Changed
                 }),
@@ -233,7 +233,7 @@ impl State {
                 t.status = TaskStatus::Completed;
                 t.worker_id = Some(e.worker_id.clone());
                 t.result = e.result.clone();
-                t.result_object = Some(e.result_object.clone());
+                t.result_object = e.result_object.clone();
                 t.artifacts = e.artifacts.clone();
                 Applied::Changed
             }),

@@ -547,11 +547,32 @@ fn check_ssh_inputs(
 }
 
 /// How an inference task will be served (SPEC §4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InferenceBackend {
     Transformers,
     Vllm,
     Auto,
+}
+
+impl InferenceBackend {
+    /// The name a worker advertises for the backend (`ExecutorInfo::backends`); `None` for auto,
+    /// which any backend serves.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            InferenceBackend::Transformers => Some("transformers"),
+            InferenceBackend::Vllm => Some("vllm"),
+            InferenceBackend::Auto => None,
+        }
+    }
+
+    /// Which spec fields select it, for explanations.
+    pub fn selected_by(self) -> &'static str {
+        match self {
+            InferenceBackend::Transformers => "enforce_cpu or model.transformers",
+            InferenceBackend::Vllm => "model.vllm or model.adapters",
+            InferenceBackend::Auto => "no backend field",
+        }
+    }
 }
 
 /// The inference backend a spec selects: `enforce_cpu` → transformers; `model.vllm` or

@@ -18,6 +18,10 @@ pub struct WorkOrder {
     /// Upstream stage name → the files it stored, for `inputs` the worker fetches before running.
     #[serde(default)]
     pub upstream_artifacts: std::collections::BTreeMap<String, Vec<crate::event::Artifact>>,
+    /// Upstream stage name → its result, for stages that stored no files (their result travels
+    /// only inline in `task.completed`): the worker writes it as that stage's `results.json`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub upstream_results: std::collections::BTreeMap<String, Value>,
 }
 
 impl WorkOrder {

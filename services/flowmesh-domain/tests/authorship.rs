@@ -19,7 +19,7 @@ fn completed(worker: &str) -> Event {
         task: task(),
         worker_id: worker.into(),
         result: None,
-        result_object: "wf-1-main/results.json".into(),
+        result_object: Some("wf-1-main/results.json".into()),
         artifacts: Vec::new(),
         upload_ms: None,
     });

@@ -2,7 +2,7 @@
 //! scenario plays the workers, `State::apply` folds everything back.
 
 use flowmesh_domain::event::{
-    Event, EventBody, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskFailed, TaskRef, TaskStarted,
+    Event, EventBody, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskFailed, TaskPending, TaskRef, TaskStarted,
 };
 mod common;
 
@@ -28,6 +28,8 @@ struct Scenario {
     log: Vec<Event>,
     /// What a router keeps between rounds.
     requests: Requests,
+    /// The busy explanations sent as hints (never stored), in order.
+    hints: Vec<TaskPending>,
 }
 
 impl Scenario {
@@ -40,6 +42,7 @@ impl Scenario {
             config: Config { no_worker_grace_ms: 60_000, ..Default::default() },
             log: Vec::new(),
             requests: Requests::default(),
+            hints: Vec::new(),
         };
         s.apply(EventBody::SubmissionAccepted(SubmissionAccepted {
             workflow_id: "wf-1".into(),
@@ -67,13 +70,18 @@ impl Scenario {
         let mut sent = Vec::new();
         // What the router remembers between rounds never changes a decision.
         let actions = decide_with(&self.state, &self.fleet, self.now, &self.config, &mut self.requests);
+        // Hints are sent once per explanation, so only a fresh router repeats them.
+        let decisions = |actions: &[Action]| -> Vec<Action> {
+            actions.iter().filter(|a| !matches!(a, Action::Hint(_))).cloned().collect()
+        };
         assert_eq!(
-            actions,
-            decide(&self.state, &self.fleet, self.now, &self.config),
+            decisions(&actions),
+            decisions(&decide(&self.state, &self.fleet, self.now, &self.config)),
             "remembered requests changed a decision"
         );
         for action in actions {
             match action {
+                Action::Hint(pending) => self.hints.push(pending),
                 Action::Publish(body) => {
                     self.apply(body);
                 }
@@ -96,7 +104,7 @@ impl Scenario {
             task: self.tref(stage, attempt),
             worker_id: worker.into(),
             result: Some(result),
-            result_object: format!("wf-1-{stage}/results.json"),
+            result_object: Some(format!("wf-1-{stage}/results.json")),
             artifacts: Vec::new(),
             upload_ms: None,
         }))
@@ -254,7 +262,7 @@ fn only_the_worker_holding_a_task_reports_on_it() {
         task: down,
         worker_id: "w1".into(),
         result: None,
-        result_object: String::new(),
+        result_object: None,
         artifacts: Vec::new(),
         upload_ms: None,
     }));
@@ -292,15 +300,41 @@ fn no_capable_worker_fails_after_the_grace_period_but_busy_workers_are_waited_fo
     assert_eq!(task.reason.as_deref(), Some("no_eligible_worker"));
     assert!(task.message.as_deref().unwrap().contains("serve task type \"ppo\""), "{:?}", task.message);
 
-    // Busy: the only capable worker has no free slot. No deadline.
+    // Busy: the only capable worker has no free slot. No deadline, and nothing stored: the
+    // explanation goes out once as a hint.
     let mut s =
         Scenario::new(TWO_ECHO_STAGES.replace("name: two", "name: busy").as_str(), vec![worker("w1", &["echo"])]);
     s.fleet[0].slots.batch.total = 0;
     s.route();
     s.now += 10 * 60_000;
     s.route();
-    assert_eq!(s.status("up"), TaskStatus::Pending);
-    assert!(s.state.task("wf-1-up").unwrap().pending_message.as_deref().unwrap().contains("no free batch slot"));
+    assert_eq!(s.status("up"), TaskStatus::Waiting);
+    assert!(!s.kinds().contains(&"task.pending"), "{:?}", s.kinds());
+    let hinted: Vec<(&str, &str)> = s.hints.iter().map(|h| (h.task.stage.as_str(), h.reason.as_str())).collect();
+    assert_eq!(hinted, [("up", "busy")], "one hint, not one per round");
+    assert!(s.hints[0].message.contains("no free batch slot"), "{}", s.hints[0].message);
+}
+
+#[test]
+fn a_task_that_was_unplaceable_stores_the_change_to_busy_once() {
+    // No worker serves echo: the task is unplaceable, and its clock is stored.
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["python"])]);
+    s.route();
+    assert!(s.state.task("wf-1-up").unwrap().unplaceable_since_ms.is_some());
+    // An echo worker with no free slot joins: the task is now only busy. The stored clock must
+    // stop (or a later loss of that worker would fail the task at once), so this one is stored.
+    let mut busy = worker("w2", &["echo"]);
+    busy.slots.batch.total = 0;
+    s.fleet.push(busy);
+    s.route();
+    let task = s.state.task("wf-1-up").unwrap();
+    assert_eq!((task.status, task.unplaceable_since_ms), (TaskStatus::Pending, None));
+    assert_eq!(s.kinds().iter().filter(|k| **k == "task.pending").count(), 2);
+    // Still busy in later rounds: no more events, no hint either (the stored one says it).
+    s.now += 5_000;
+    s.route();
+    assert_eq!(s.kinds().iter().filter(|k| **k == "task.pending").count(), 2);
+    assert!(s.hints.is_empty(), "{:?}", s.hints);
 }
 
 #[test]
@@ -370,7 +404,7 @@ fn a_busy_fleet_serves_workflows_in_submission_order() {
         .iter()
         .filter_map(|a| match a {
             Action::Dispatch { order, .. } => Some(order.workflow_id.clone()),
-            Action::Publish(_) => None,
+            Action::Publish(_) | Action::Hint(_) => None,
         })
         .collect();
     assert_eq!(dispatched, ["wf-2"]);
@@ -400,13 +434,13 @@ fn an_identical_inference_request_is_merged_and_gets_the_result_as_its_own() {
     assert_eq!(s.status("b"), TaskStatus::Merged);
     let merged = s.state.task("wf-1-b").unwrap();
     assert_eq!(merged.merged_into.as_deref(), Some("wf-1-a"));
-    assert_eq!(s.status("c"), TaskStatus::Pending, "different inputs are not merged");
+    assert_eq!(s.status("c"), TaskStatus::Waiting, "different inputs are not merged (c waits for the slot)");
     // Only the leader's completion, reported for the merged task, ends it: not before.
     let early = s.apply(EventBody::TaskCompleted(TaskCompleted {
         task: s.tref("b", 1),
         worker_id: "w1".into(),
         result: None,
-        result_object: String::new(),
+        result_object: None,
         artifacts: Vec::new(),
         upload_ms: None,
     }));

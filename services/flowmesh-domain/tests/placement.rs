@@ -1,6 +1,6 @@
 //! Placement as tables: which workers fit, why the others do not, and who wins.
 
-use flowmesh_domain::fleet::{SshLimits, WorkerSnapshot};
+use flowmesh_domain::fleet::{ExecutorInfo, SshLimits, WorkerSnapshot};
 use flowmesh_domain::placement::{Candidate, Exclusion, Placement, Strategy, explain, place, request_for};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -213,6 +213,10 @@ fn random_fleet(next: &mut impl FnMut(u64) -> u64, types: &[&str]) -> Vec<Worker
             w.cost_per_hour = 1.0 + next(5) as f64;
             w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
             w.tags = ["pool-a", "spot"].iter().filter(|_| next(2) == 0).map(|t| t.to_string()).collect();
+            if serves.contains(&"inference") {
+                let backends: &[&[&str]] = &[&[], &["transformers"], &["vllm"], &["transformers", "vllm"]];
+                w.executors = vec![inference_executor("runner", backends[next(4) as usize])];
+            }
             w
         })
         .collect()
@@ -227,6 +231,11 @@ fn random_request(next: &mut impl FnMut(u64) -> u64, task_type: &str) -> flowmes
     };
     let mut spec = spec(hw);
     spec["workerTags"] = [json!([]), json!(["pool-a"]), json!(["!spot"])][next(3) as usize].clone();
+    match next(3) {
+        0 => {}
+        1 => spec["enforce_cpu"] = json!(true),
+        _ => spec["model"] = json!({"vllm": {}}),
+    }
     request_for(task_type, &spec, None).unwrap()
 }
 
@@ -447,4 +456,115 @@ fn a_warm_worker_is_preferred_among_eligible_ones_and_never_over_a_rule() {
         Placement::Chosen { worker_id, .. } => assert_eq!(worker_id, "a-big"),
         other => panic!("{other:?}"),
     }
+}
+
+fn inference_executor(name: &str, backends: &[&str]) -> ExecutorInfo {
+    ExecutorInfo {
+        name: name.to_owned(),
+        task_types: vec!["inference".to_owned()],
+        backends: backends.iter().map(|b| (*b).to_owned()).collect(),
+        unavailable: None,
+    }
+}
+
+/// An inference worker whose executors serve `backends` (a runner each; `None`: a plugin that
+/// declares none), with one H100 when `gpu`.
+fn inference_worker(id: &str, executors: &[(&str, &[&str])], gpu: bool) -> WorkerSnapshot {
+    let gpus: &[(&str, u64)] = if gpu { &[("NVIDIA H100 80GB HBM3", 80)] } else { &[] };
+    let mut w = worker(id, &["echo", "python", "inference"], 16, 64, gpus);
+    w.executors = executors.iter().map(|(name, backends)| inference_executor(name, backends)).collect();
+    w
+}
+
+/// The spec's backend fields choose (the validator's own classifier), and a worker takes an
+/// inference task only with an executor for that backend. One row per spec; one column per
+/// worker: whether it fits, else its exclusions.
+#[test]
+fn inference_goes_only_to_workers_that_serve_its_backend() {
+    use flowmesh_domain::validate::InferenceBackend::{Transformers, Vllm};
+    let cpu_hf = inference_worker("cpu-hf", &[("transformers", &["transformers"])], false);
+    let gpu_hf = inference_worker("gpu-hf", &[("transformers", &["transformers"])], true);
+    let gpu_both = inference_worker("gpu-both", &[("transformers", &["transformers"]), ("vllm", &["vllm"])], true);
+    let gpu_vllm_only = inference_worker("gpu-vllm-only", &[("vllm", &["vllm"])], true);
+    let gpu_plugin = inference_worker("gpu-plugin", &[("my-server", &[])], true);
+    let legacy = worker("legacy", &["inference"], 16, 64, &[("NVIDIA H100", 80)]);
+    let mut no_torch = worker("no-torch", &["echo", "python"], 16, 64, &[("NVIDIA H100", 80)]);
+    no_torch.executors = vec![ExecutorInfo {
+        name: "transformers".to_owned(),
+        task_types: Vec::new(),
+        backends: Vec::new(),
+        unavailable: Some("serves none of [\"inference\"]: ModuleNotFoundError: No module named 'torch'".to_owned()),
+    }];
+    let fleet = [&cpu_hf, &gpu_hf, &gpu_both, &gpu_vllm_only, &gpu_plugin, &legacy, &no_torch];
+    let gpu = json!({"hardware": {"gpu": {"count": 1}}});
+    let vllm = Exclusion::Backend(Vllm);
+    let hf = Exclusion::Backend(Transformers);
+    let no_gpu = Exclusion::Gpu { matching: 0, need: 1 };
+    let ok = || Vec::<Exclusion>::new();
+    #[rustfmt::skip]
+    let table: Vec<(&str, Value, [Vec<Exclusion>; 7])> = vec![
+        // spec                                                    cpu-hf  gpu-hf  gpu-both gpu-vllm-only gpu-plugin legacy  no-torch
+        ("auto", json!({}),                                        [ok(), ok(), ok(), ok(), ok(), ok(), vec![Exclusion::TaskType]]),
+        ("enforce_cpu", json!({"enforce_cpu": true}),              [ok(), ok(), ok(), vec![hf.clone()], ok(), ok(), vec![Exclusion::TaskType]]),
+        ("model.transformers", json!({"model": {"transformers": {}}}), [ok(), ok(), ok(), vec![hf.clone()], ok(), ok(), vec![Exclusion::TaskType]]),
+        ("model.vllm", json!({"model": {"vllm": {}}, "resources": gpu}),
+            [vec![vllm.clone(), no_gpu.clone()], vec![vllm.clone()], ok(), ok(), ok(), ok(), vec![Exclusion::TaskType]]),
+        ("adapters", json!({"model": {"adapters": [{"path": "/a"}]}, "resources": gpu}),
+            [vec![vllm.clone(), no_gpu], vec![vllm.clone()], ok(), ok(), ok(), ok(), vec![Exclusion::TaskType]]),
+    ];
+    for (name, spec, expected) in table {
+        let request = request_for("inference", &spec, None).unwrap();
+        for (w, want) in fleet.iter().zip(expected) {
+            assert_eq!(explain(&request, &candidate(w)), want, "{name} on {}", w.id);
+        }
+    }
+    // Only inference has backends: a training spec that names vLLM is placed by type alone.
+    let sft = request_for("sft", &json!({"model": {"vllm": {}}}), None).unwrap();
+    assert_eq!(sft.backend, None);
+    assert!(Exclusion::Backend(Vllm).is_permanent(), "what initialised does not change while a worker lives");
+}
+
+/// The explanation of an unplaceable vLLM task names the backend, counted like any reason, and
+/// the task is not waiting for anything (no capable worker: `no_eligible_worker` after the grace).
+#[test]
+fn a_vllm_task_without_a_vllm_worker_is_explained_by_its_backend() {
+    let cpu_hf = inference_worker("cpu-hf", &[("transformers", &["transformers"])], false);
+    let gpu_hf = inference_worker("gpu-hf", &[("transformers", &["transformers"])], true);
+    let echo = worker("echo-1", &["echo"], 4, 8, &[]);
+    let spec = json!({"model": {"vllm": {}}, "resources": {"hardware": {"gpu": {"count": 1}}}});
+    let request = request_for("inference", &spec, None).unwrap();
+    let fleet = [candidate(&cpu_hf), candidate(&gpu_hf), candidate(&echo)];
+    match place(&request, "serve", "wf-1-serve", &fleet, Strategy::BestFit, &BTreeSet::new(), 0) {
+        Placement::Pending(e) => {
+            assert_eq!(
+                e.message,
+                "0/3 workers can run stage \"serve\": 1 does not serve task type \"inference\", 2 do not serve the \"vllm\" inference backend (model.vllm or model.adapters select it)"
+            );
+            assert_eq!(e.capable, 0);
+            assert_eq!(
+                e.reasons.iter().map(|r| (r.code.as_str(), r.count)).collect::<Vec<_>>(),
+                [("task_type", 1), ("backend", 2)]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // With a vLLM worker in the fleet, it is chosen, by the fast walk and the full one alike,
+    // even when a transformers-only worker scores better (more GPUs, cheaper).
+    let gpu_vllm = inference_worker("gpu-vllm", &[("vllm", &["vllm"])], true);
+    let mut big_hf = inference_worker("big-hf", &[("transformers", &["transformers"])], true);
+    big_hf.hardware.gpus.extend(big_hf.hardware.gpus.clone());
+    big_hf.cost_per_hour = 0.1;
+    let fleet = [candidate(&big_hf), candidate(&gpu_vllm), candidate(&cpu_hf)];
+    let index = flowmesh_domain::placement::FleetIndex::new(&fleet);
+    for placed in [
+        index.place(&request, "serve", "wf-1-serve", Strategy::BestFit, &BTreeSet::new(), 0),
+        index.place_explained(&request, "serve", "wf-1-serve", Strategy::BestFit, &BTreeSet::new(), 0),
+    ] {
+        assert!(matches!(&placed, Placement::Chosen { worker_id, .. } if worker_id == "gpu-vllm"), "{placed:?}");
+    }
+    let auto = request_for("inference", &json!({"resources": {"hardware": {"gpu": {"count": 1}}}}), None).unwrap();
+    assert!(
+        matches!(index.place(&auto, "s", "t", Strategy::BestFit, &BTreeSet::new(), 0), Placement::Chosen { worker_id, .. } if worker_id == "big-hf"),
+        "an auto-backend task goes to the best worker by score"
+    );
 }

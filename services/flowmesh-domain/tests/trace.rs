@@ -60,7 +60,7 @@ impl Log {
                 task,
                 worker_id: worker.into(),
                 result: None,
-                result_object: String::new(),
+                result_object: None,
                 artifacts: Vec::new(),
                 upload_ms: upload,
             }),

@@ -6,6 +6,7 @@ pub const WORK_PREFIX: &str = "flowmesh.work";
 /// Core-NATS subject on which a worker hears cancellations: `flowmesh.control.<worker_id>.cancel`.
 pub const CONTROL_PREFIX: &str = "flowmesh.control";
 pub const LOGS_PREFIX: &str = "flowmesh.logs";
+pub const HINTS_PREFIX: &str = "flowmesh.hints";
 /// Subjects of the temporary streams `flowmesh bench --raw` creates: `flowmesh.bench.raw.<nonce>`.
 /// No product stream listens below `flowmesh.bench`, so the raw measurement never mixes with them.
 pub const BENCH_RAW_PREFIX: &str = "flowmesh.bench.raw";
@@ -97,6 +98,17 @@ pub fn prewarm(worker_id: &str) -> String {
 /// `flowmesh.logs.<task_id>.stdout` / `.stderr` (best effort; the stored logs are complete).
 pub fn logs(task_id: &str, stream: &str) -> String {
     format!("{LOGS_PREFIX}.{task_id}.{stream}")
+}
+
+/// Core-NATS subject on which the router explains why a task waits for a slot on a busy fleet
+/// (`task.pending` with reason `busy`, never stored): `flowmesh.hints.<workflow>.<task_id>`.
+pub fn hint(workflow_id: &str, task_id: &str) -> String {
+    format!("{HINTS_PREFIX}.{workflow_id}.{task_id}")
+}
+
+/// Every hint about one workflow's tasks: `flowmesh.hints.<workflow>.*`.
+pub fn workflow_hints(workflow_id: &str) -> String {
+    format!("{HINTS_PREFIX}.{workflow_id}.*")
 }
 
 /// The status endpoint of a service: `flowmesh.router.status`, `flowmesh.worker.<id>.status`, …

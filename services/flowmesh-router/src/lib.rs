@@ -447,8 +447,10 @@ impl Router {
         let mut bodies = Vec::with_capacity(actions.len());
         let mut orders = Vec::new();
         let mut hints = Vec::new();
+        let mut waiting = Vec::new();
         for action in actions {
             match action {
+                Action::Hint(pending) => waiting.push(pending),
                 Action::Publish(body) => {
                     // A prewarm hint is recorded, then delivered on the worker's control subject.
                     if let EventBody::WorkerPrewarmRequested(p) = &body {
@@ -470,6 +472,12 @@ impl Router {
         self.publish_all(bodies).await?;
         for (subject, model) in hints {
             let _ = self.client.publish(subject, model.into()).await;
+        }
+        // Best effort, like the live logs: a watcher that misses one sees the next change.
+        for pending in waiting {
+            let subject = subjects::hint(&pending.task.workflow_id, &pending.task.task_id);
+            let event = Event::new(EventBody::TaskPending(pending), clock::now_rfc3339(), 0);
+            let _ = self.client.publish(subject, serde_json::to_vec(&event).expect("events serialize").into()).await;
         }
         self.send_orders(&orders).await?;
         metrics::counter!("flowmesh_dispatches_total").increment(orders.len() as u64);

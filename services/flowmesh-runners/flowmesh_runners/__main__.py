@@ -1,5 +1,7 @@
-"""``python -m flowmesh_runners capabilities`` (what initialised here, as JSON) and
-``python -m flowmesh_runners run RUNNER`` (one task under the worker's process contract)."""
+"""``python -m flowmesh_runners capabilities`` (what initialised here, as JSON),
+``python -m flowmesh_runners fingerprint`` (what the answer depends on, without importing any of
+it: the worker's cache key) and ``python -m flowmesh_runners run RUNNER`` (one task under the
+worker's process contract)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,37 @@ def capabilities() -> dict[str, Any]:
     return {"protocol": 1, "runners": [check(name) for name in RUNNERS]}
 
 
+# The distributions whose presence and versions decide what `capabilities` answers.
+DISTRIBUTIONS = [
+    "torch", "transformers", "peft", "trl", "datasets", "accelerate", "sentence-transformers", "vllm",
+]
+
+
+def fingerprint() -> dict[str, Any]:
+    """What `capabilities` depends on, read from package metadata in well under a second (no
+    import of torch): the interpreter, its search path, each distribution's version and this
+    module's own source. The worker keys its cache of `capabilities` answers on it."""
+    import hashlib
+    from importlib import metadata
+
+    versions: dict[str, Any] = {}
+    for dist in DISTRIBUTIONS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    with open(__file__, "rb") as source:
+        checks = hashlib.sha256(source.read()).hexdigest()
+    return {
+        "protocol": 1,
+        "python": sys.executable,
+        "python_version": sys.version,
+        "path": sys.path,
+        "packages": versions,
+        "checks": checks,
+    }
+
+
 def dispatch(runner: str, task: Task) -> dict[str, Any]:
     table: dict[str, Callable[[], dict[str, Any]]] = {
         "transformers": lambda: __import__("flowmesh_runners.inference", fromlist=["run"]).run(task, runner),
@@ -63,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["capabilities"], ["probe"]):
         print(json.dumps(capabilities()))
         return 0
+    if argv[:1] == ["fingerprint"]:
+        print(json.dumps(fingerprint(), sort_keys=True))
+        return 0
     if len(argv) == 2 and argv[0] == "run":
         try:
             apply_thread_limit()
@@ -78,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # noqa: BLE001 - reported in stderr.log, which the worker stores
             traceback.print_exc()
             return 1
-    print("usage: python -m flowmesh_runners capabilities | run RUNNER", file=sys.stderr)
+    print("usage: python -m flowmesh_runners capabilities | fingerprint | run RUNNER", file=sys.stderr)
     return 64
 
 

@@ -32,6 +32,22 @@ def test_capabilities_name_every_runner_and_why_one_is_missing():
         assert entry["ok"] or entry["reason"]
 
 
+def test_fingerprint_names_the_versions_and_imports_nothing_heavy():
+    """The worker's cache key: read from package metadata, so a fresh interpreter that asks for
+    it has imported neither torch nor transformers afterwards."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from flowmesh_runners.__main__ import fingerprint; f = fingerprint(); "
+            "print(json.dumps([f, [m for m in ('torch', 'transformers', 'trl') if m in sys.modules]]))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    found, imported = json.loads(out)
+    assert imported == []
+    assert found["packages"]["torch"] and found["packages"]["transformers"]
+    assert set(found["packages"]) >= {"trl", "peft", "sentence-transformers", "vllm"}
+    assert found["python"] == sys.executable and len(found["checks"]) == 64
+
+
 def test_inference_generates_text_and_counts_tokens(task_env):
     folder = task_env("inference", {
         "enforce_cpu": True,

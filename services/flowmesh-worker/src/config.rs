@@ -50,10 +50,15 @@ pub struct WorkerArgs {
     /// TOML file declaring plugin executors.
     #[arg(long, env = "FLOWMESH_EXECUTORS")]
     pub flowmesh_executors: Option<PathBuf>,
-    /// The Python interpreter that has the `flowmesh_runners` package (`./tools/install-deps.sh --ml`):
-    /// the worker asks it which ML runners initialise here and advertises those. Unset: no runners.
-    #[arg(long, env = "FLOWMESH_RUNNERS")]
-    pub flowmesh_runners: Option<String>,
+    /// The ML runners (`./tools/install-deps.sh --ml`): `auto` asks `python3`, a path asks that
+    /// interpreter, `off` builds none. The worker asks in the background which runners initialise
+    /// here and advertises their task types once they have.
+    #[arg(long, env = "FLOWMESH_RUNNERS", default_value = "auto")]
+    pub flowmesh_runners: String,
+    /// A folder for remembered runner probes, keyed by interpreter, package versions and GPUs
+    /// (`off`: probe at every start). Default: $XDG_CACHE_HOME/flowmesh or ~/.cache/flowmesh.
+    #[arg(long, env = "FLOWMESH_RUNNERS_CACHE")]
+    pub flowmesh_runners_cache: Option<PathBuf>,
     /// JSON shaped like the snapshot's `hardware`; replaces detection and marks the worker simulated.
     #[arg(long, env = "FLOWMESH_SIMULATE_HW")]
     pub flowmesh_simulate_hw: Option<String>,
@@ -87,6 +92,8 @@ pub struct Config {
     pub executors_file: Option<PathBuf>,
     /// The interpreter to ask for ML runners (`FLOWMESH_RUNNERS`); `None` builds none.
     pub runners_python: Option<String>,
+    /// Where probe answers are remembered (`runner::Probe`); `None` probes at every start.
+    pub runners_cache: Option<PathBuf>,
     pub simulate_hw: Option<Hardware>,
     pub drain_grace: Duration,
     pub ack_wait: Duration,
@@ -113,6 +120,7 @@ impl Config {
             ssh_bind_address: "127.0.0.1".to_owned(),
             executors_file: None,
             runners_python: None,
+            runners_cache: None,
             simulate_hw: None,
             drain_grace: Duration::from_secs(5),
             ack_wait: Duration::from_secs(30),
@@ -239,7 +247,20 @@ impl WorkerArgs {
             ssh_public_host: self.ssh_public_host.clone().filter(|h| !h.trim().is_empty()),
             ssh_bind_address: self.ssh_bind_address.clone(),
             executors_file: self.flowmesh_executors.clone(),
-            runners_python: self.flowmesh_runners.clone().filter(|p| !p.trim().is_empty()),
+            runners_python: match self.flowmesh_runners.trim() {
+                "" | "off" | "none" | "false" | "0" => None,
+                "auto" => Some("python3".to_owned()),
+                python => Some(python.to_owned()),
+            },
+            runners_cache: match &self.flowmesh_runners_cache {
+                Some(dir) if dir.as_os_str() == "off" => None,
+                Some(dir) if !dir.as_os_str().is_empty() => Some(dir.clone()),
+                _ => std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|d| !d.is_empty())
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                    .map(|d| d.join("flowmesh")),
+            },
             simulate_hw,
             drain_grace: Duration::from_secs(drain_grace),
             ack_wait: Duration::from_secs(ack_wait),
@@ -303,5 +324,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(sim.simulate_hw.unwrap().gpus.len(), 1);
+        let runners = |value: &str| config(&["--flowmesh-runners", value]).unwrap().runners_python;
+        assert_eq!(runners("auto"), Some("python3".to_owned()));
+        assert_eq!(runners("/opt/ml/bin/python"), Some("/opt/ml/bin/python".to_owned()));
+        assert_eq!(runners("off"), None);
+        assert_eq!(config(&["--flowmesh-runners-cache", "off"]).unwrap().runners_cache, None);
     }
 }

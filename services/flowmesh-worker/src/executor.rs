@@ -154,12 +154,41 @@ impl Executor {
         }
     }
 
+    /// Whether a task of this executor has a folder, logs and files to store. An echo runs in
+    /// the worker and produces only its result: no per-task file system work, no uploads (its
+    /// result travels inline in `task.completed`).
+    pub fn uses_files(&self) -> bool {
+        match self {
+            Executor::Echo => false,
+            Executor::Python { .. }
+            | Executor::Plugin(_)
+            | Executor::Ssh(_)
+            | Executor::Runner(_)
+            | Executor::Unavailable(_) => true,
+        }
+    }
+
+    /// The inference backends it serves; empty means not declared (any).
+    pub fn backends(&self) -> Vec<String> {
+        match self {
+            Executor::Plugin(p) => p.backends.clone(),
+            Executor::Runner(r) => r.backends.clone(),
+            Executor::Echo | Executor::Python { .. } | Executor::Ssh(_) | Executor::Unavailable(_) => Vec::new(),
+        }
+    }
+
     pub fn info(&self) -> ExecutorInfo {
         let unavailable = match self {
+            Executor::Unavailable(u) if u.task_types.is_empty() => Some(u.reason.clone()),
             Executor::Unavailable(u) => Some(format!("serves none of {:?}: {}", u.task_types, u.reason)),
             _ => None,
         };
-        ExecutorInfo { name: self.name().to_owned(), task_types: self.task_types(), unavailable }
+        ExecutorInfo {
+            name: self.name().to_owned(),
+            task_types: self.task_types(),
+            backends: self.backends(),
+            unavailable,
+        }
     }
 
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {

@@ -51,7 +51,11 @@ struct Shared {
     /// What `flowmesh.worker.status` answers: the latest snapshot.
     status: flowmesh_nats::status::Status,
     handles: Handles,
+    /// Built at start: echo, python, ssh, plugins.
     executors: Vec<Executor>,
+    /// The ML runners: an `initialising` entry until the background probe answers, then what
+    /// initialised (and what did not, by name). Replaced whole; a running task keeps its copy.
+    runners: std::sync::RwLock<Arc<Vec<Executor>>>,
     probe: hardware::Probe,
     journal: Journal,
     active: Mutex<BTreeMap<String, Active>>,
@@ -100,9 +104,6 @@ pub async fn build_executors(config: &Config, probe: &hardware::Probe) -> anyhow
             }
         }
     }
-    if let Some(python) = &config.runners_python {
-        executors.extend(runner::executors(python).await);
-    }
     Ok(executors)
 }
 
@@ -117,9 +118,17 @@ async fn python_interpreter() -> Option<String> {
     status.success().then(|| "python3".to_owned())
 }
 
+/// What the GPU-dependent answers of the runner probe depend on beyond the package's own
+/// fingerprint: the GPUs the driver lists (never the simulated ones) and `CUDA_VISIBLE_DEVICES`.
+fn runner_machine_key(cuda: Option<&str>) -> String {
+    let real = hardware::probe(None, cuda);
+    let gpus: Vec<String> = real.hardware.gpus.iter().map(|g| format!("{}:{}", g.uuid, g.name)).collect();
+    format!("CUDA_VISIBLE_DEVICES={cuda:?} gpus={gpus:?}")
+}
+
 /// The task types advertised: the union over the constructed executors.
-pub fn supported_task_types(executors: &[Executor]) -> Vec<String> {
-    let mut types: Vec<String> = executors.iter().flat_map(Executor::task_types).collect();
+pub fn supported_task_types<'a>(executors: impl IntoIterator<Item = &'a Executor>) -> Vec<String> {
+    let mut types: Vec<String> = executors.into_iter().flat_map(Executor::task_types).collect();
     types.sort();
     types.dedup();
     types
@@ -135,7 +144,11 @@ fn hostname() -> String {
 pub async fn print_hardware(config: &Config) -> anyhow::Result<()> {
     let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let probe = hardware::probe(config.simulate_hw.as_ref(), cuda.as_deref());
-    let executors = build_executors(config, &probe).await?;
+    let mut executors = build_executors(config, &probe).await?;
+    if let Some(python) = &config.runners_python {
+        let machine = runner_machine_key(cuda.as_deref());
+        executors.extend(runner::executors(python, config.runners_cache.as_deref(), &machine).await);
+    }
     let report = serde_json::json!({
         "probe": probe,
         "executors": executors.iter().map(Executor::info).collect::<Vec<_>>(),
@@ -152,7 +165,15 @@ pub fn default_hostname() -> String {
 }
 
 impl Shared {
+    /// The runners as they stand now (a copy that stays whole while the probe replaces them).
+    fn runners(&self) -> Arc<Vec<Executor>> {
+        self.runners.read().expect("runners lock").clone()
+    }
+
     fn snapshot(&self) -> WorkerSnapshot {
+        let runners = self.runners();
+        let executors: Vec<&Executor> = self.executors.iter().chain(runners.iter()).collect();
+        let supported = supported_task_types(executors.iter().copied());
         let active = self.active.lock().expect("active lock");
         let service_in_use = active.values().filter(|a| a.service).count() as u32;
         let batch_in_use = active.len() as u32 - service_in_use;
@@ -171,13 +192,13 @@ impl Shared {
             started_at: self.started_at.clone(),
             status,
             hardware: self.probe.hardware.clone(),
-            supported_task_types: supported_task_types(&self.executors),
-            executors: self.executors.iter().map(Executor::info).collect(),
+            executors: executors.iter().map(|e| e.info()).collect(),
             slots: Slots {
                 batch: SlotCount { total: self.config.batch_slots, in_use: batch_in_use },
                 service: SlotCount { total: self.config.service_slots, in_use: service_in_use },
             },
-            ssh_limits: supported_task_types(&self.executors).iter().any(|t| t == "ssh").then_some(ssh),
+            ssh_limits: supported.iter().any(|t| t == "ssh").then_some(ssh),
+            supported_task_types: supported,
             tags: self.config.tags.clone(),
             cost_per_hour: self.config.cost_per_hour,
             load: f64::from(batch_in_use) / f64::from(self.config.batch_slots.max(1)),
@@ -251,6 +272,9 @@ pub async fn run(
         client: client.clone(),
         handles: handles.clone(),
         executors,
+        runners: std::sync::RwLock::new(Arc::new(
+            config.runners_python.as_deref().map(runner::initialising).into_iter().collect(),
+        )),
         probe,
         journal,
         active: Mutex::new(BTreeMap::new()),
@@ -295,6 +319,25 @@ pub async fn run(
                 tokio::select! {
                     _ = stop.wait() => break,
                     _ = tick.tick() => shared.heartbeat().await,
+                }
+            }
+        });
+    }
+    // The runners are asked in the background (importing torch and TRL takes tens of seconds):
+    // the worker serves what it has meanwhile, and advertises a runner's types only once it has
+    // initialised, in a snapshot published at once.
+    if let Some(python) = shared.config.runners_python.clone() {
+        let shared = shared.clone();
+        let machine = runner_machine_key(cuda.as_deref());
+        let mut stop = shutdown.clone();
+        background.spawn(async move {
+            let probe = runner::executors(&python, shared.config.runners_cache.as_deref(), &machine);
+            tokio::select! {
+                // A stopping worker publishes no snapshot: it is about to delete its own.
+                _ = stop.wait() => {}
+                found = probe => {
+                    *shared.runners.write().expect("runners lock") = Arc::new(found);
+                    shared.heartbeat().await;
                 }
             }
         });
@@ -490,13 +533,17 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             }
         })
     };
+    let runners = shared.runners();
+    let executors: Vec<&Executor> = shared.executors.iter().chain(runners.iter()).collect();
+    let executor = select_executor(&executors, order);
+    let uses_files = executor.as_ref().map_or(true, |e| e.uses_files());
     let outcome = async {
-        prepare_dirs(&work_dir, &output_dir)
-            .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
-        fetch_inputs(shared, order, &work_dir).await?;
-        let executor = select_executor(&shared.executors, order).ok_or_else(|| {
-            ExecError::Permanent(format!("this worker has no executor for task type {:?}", order.task_type))
-        })?;
+        let executor = executor.map_err(ExecError::Permanent)?;
+        if uses_files {
+            prepare_dirs(&work_dir, &output_dir)
+                .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
+            fetch_inputs(shared, order, &work_dir).await?;
+        }
         let ctx = TaskContext {
             order: order.clone(),
             work_dir: work_dir.clone(),
@@ -506,8 +553,12 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             max_runtime: order.spec.get("maxRuntimeSeconds").and_then(Value::as_u64).map(Duration::from_secs),
             updates: Some(updates_tx.clone()),
         };
-        let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
-        with_progress(message, shared.config.ack_wait, running).await
+        if uses_files {
+            let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
+            with_progress(message, shared.config.ack_wait, running).await
+        } else {
+            with_progress(message, shared.config.ack_wait, executor.run(&ctx)).await
+        }
     };
     // The start's ack is taken while the task runs (one task, no spawn), and it is stored
     // before the end is reported.
@@ -524,7 +575,9 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         shared.report(&started).await;
     }
     let storing = std::time::Instant::now();
-    store_logs(shared, order, &work_dir).await;
+    if uses_files {
+        store_logs(shared, order, &work_dir).await;
+    }
     let task = task_ref(order);
     let outcome_name = match &outcome {
         Ok(_) => "completed",
@@ -534,18 +587,16 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     metrics::counter!("flowmesh_tasks_total", "task_type" => order.task_type.clone(), "outcome" => outcome_name)
         .increment(1);
     let body = match outcome {
-        Ok(result) => match store_results(shared, order, &work_dir, &output_dir, &result).await {
-            Ok((result_object, artifacts)) => {
-                let inline = serde_json::to_vec(&result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
-                EventBody::TaskCompleted(TaskCompleted {
-                    task,
-                    worker_id: worker_id.clone(),
-                    result: inline.then_some(result),
-                    result_object,
-                    artifacts,
-                    upload_ms: Some(storing.elapsed().as_millis() as u64),
-                })
-            }
+        Ok(result) => match store_results(shared, order, uses_files.then_some((&work_dir, &output_dir)), &result).await
+        {
+            Ok(stored) => EventBody::TaskCompleted(TaskCompleted {
+                task,
+                worker_id: worker_id.clone(),
+                result: stored.inline.then_some(result),
+                result_object: stored.result_object,
+                artifacts: stored.artifacts,
+                upload_ms: Some(storing.elapsed().as_millis() as u64),
+            }),
             Err(StoreError::Missing(name)) => failed(
                 task,
                 &worker_id,
@@ -589,23 +640,25 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     Event::new(body, clock::now_rfc3339(), 0)
 }
 
-/// The executor for a work order. Inference tasks prefer the executor named after the backend
-/// the validator's classifier picks (`vllm`, `transformers`); any executor of the type otherwise.
-fn select_executor<'a>(executors: &'a [Executor], order: &WorkOrder) -> Option<&'a Executor> {
-    let serving: Vec<&Executor> = executors.iter().filter(|e| e.task_types().contains(&order.task_type)).collect();
-    if order.task_type == "inference" {
-        let wanted = match flowmesh_domain::validate::inference_backend(&order.spec) {
-            flowmesh_domain::validate::InferenceBackend::Vllm => Some("vllm"),
-            flowmesh_domain::validate::InferenceBackend::Transformers => Some("transformers"),
-            flowmesh_domain::validate::InferenceBackend::Auto => None,
-        };
-        if let Some(name) = wanted
-            && let Some(e) = serving.iter().find(|e| e.name().to_lowercase().contains(name))
-        {
-            return Some(e);
-        }
+/// The executor for a work order. An inference task takes an executor that serves the backend
+/// the validator's classifier picks (`vllm`, `transformers`): one that lists it, else one that
+/// declares no backends (a plugin that picks itself); placement sent it here because one does.
+fn select_executor<'a>(executors: &[&'a Executor], order: &WorkOrder) -> Result<&'a Executor, String> {
+    let serving: Vec<&Executor> =
+        executors.iter().copied().filter(|e| e.task_types().contains(&order.task_type)).collect();
+    let Some(first) = serving.first() else {
+        return Err(format!("this worker has no executor for task type {:?}", order.task_type));
+    };
+    if order.task_type != "inference" {
+        return Ok(first);
     }
-    serving.first().copied()
+    let backend = flowmesh_domain::validate::inference_backend(&order.spec);
+    let Some(name) = backend.name() else { return Ok(first) };
+    let lists = |e: &&&Executor| e.backends().iter().any(|b| b == name);
+    let undeclared = |e: &&&Executor| e.backends().is_empty();
+    serving.iter().find(lists).or_else(|| serving.iter().find(undeclared)).copied().ok_or_else(|| {
+        format!("this worker has no executor for the {name:?} inference backend ({} select it)", backend.selected_by())
+    })
 }
 
 /// Downloads the stored files of each upstream stage named in `spec.inputs` (by default, see
@@ -613,12 +666,20 @@ fn select_executor<'a>(executors: &'a [Executor], order: &WorkOrder) -> Option<&
 async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Result<(), ExecError> {
     for stage in python::input_stages(order) {
         let stage = stage.as_str();
-        let artifacts = order
-            .upstream_artifacts
-            .get(stage)
-            .ok_or_else(|| ExecError::Permanent(format!("input stage {stage:?} has no stored results")))?;
+        let inline = order.upstream_results.get(stage);
+        let artifacts = match order.upstream_artifacts.get(stage) {
+            Some(artifacts) => artifacts.as_slice(),
+            None if inline.is_some() => &[],
+            None => return Err(ExecError::Permanent(format!("input stage {stage:?} has no stored results"))),
+        };
         let dir = work_dir.join("inputs").join(stage);
         std::fs::create_dir_all(&dir).map_err(|e| ExecError::Retryable(format!("creating {}: {e}", dir.display())))?;
+        // A stage that stored no files (an echo) passed its result inline.
+        if let Some(result) = inline {
+            let path = dir.join("results.json");
+            std::fs::write(&path, serde_json::to_vec_pretty(result).expect("results serialize"))
+                .map_err(|e| ExecError::Retryable(format!("writing {}: {e}", path.display())))?;
+        }
         for artifact in artifacts {
             if artifact.name.split('/').any(|p| p == ".." || p.is_empty()) {
                 return Err(ExecError::Permanent(format!("upstream artifact {:?} has an unsafe name", artifact.name)));
@@ -687,7 +748,8 @@ async fn store_logs(shared: &Shared, order: &WorkOrder, work_dir: &Path) {
         let path = work_dir.join(name);
         if path.is_file()
             && let Err(e) =
-                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), &path).await
+                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), Source::File(&path))
+                    .await
         {
             warn!(error = %e, "could not store {name}");
         }
@@ -738,20 +800,41 @@ enum StoreError {
     Upload(String),
 }
 
-/// Writes `results.json` locally and stores it and the artifacts as `<task_id>/<path>`.
+/// What `store_results` kept where.
+struct Stored {
+    /// The result goes inline in `task.completed` (it is at most `INLINE_RESULT_BYTES`).
+    inline: bool,
+    result_object: Option<String>,
+    artifacts: Vec<Artifact>,
+}
+
+/// Stores a task's result and files as `<task_id>/<path>`. A task with folders (`dirs` = its work
+/// and output folder) writes `results.json` locally and stores it with its artifacts. A task
+/// without files (an echo) stores nothing when its result fits inline; a larger result is
+/// stored as `results.json` from memory.
 async fn store_results(
     shared: &Shared,
     order: &WorkOrder,
-    work_dir: &Path,
-    output_dir: &Path,
+    dirs: Option<(&Path, &Path)>,
     result: &Value,
-) -> Result<(String, Vec<Artifact>), StoreError> {
-    let results_path = work_dir.join("results.json");
+) -> Result<Stored, StoreError> {
     let bytes = serde_json::to_vec_pretty(result).expect("results serialize");
+    let inline = serde_json::to_vec(result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
+    let result_object = subjects::artifact(&order.task_id, "results.json");
+    let Some((work_dir, output_dir)) = dirs else {
+        if inline {
+            return Ok(Stored { inline, result_object: None, artifacts: Vec::new() });
+        }
+        let (size, digest) =
+            put_object(shared, &result_object, Source::Bytes(&bytes)).await.map_err(StoreError::Upload)?;
+        let artifact = Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest };
+        return Ok(Stored { inline, result_object: Some(result_object), artifacts: vec![artifact] });
+    };
+    let results_path = work_dir.join("results.json");
     std::fs::write(&results_path, &bytes)
         .map_err(|e| StoreError::Upload(format!("writing {}: {e}", results_path.display())))?;
-    let result_object = subjects::artifact(&order.task_id, "results.json");
-    let (size, digest) = put_object(shared, &result_object, &results_path).await.map_err(StoreError::Upload)?;
+    let (size, digest) =
+        put_object(shared, &result_object, Source::File(&results_path)).await.map_err(StoreError::Upload)?;
     let mut artifacts = vec![Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest }];
     // `output.artifacts` names files or folders of the output folder; `results.json` and `logs`
     // are always stored, and `artifacts` (FlowMesh's name for "everything produced") or no list
@@ -782,23 +865,36 @@ async fn store_results(
     };
     for (name, path) in files {
         let object = subjects::artifact(&order.task_id, &name);
-        let (size, digest) = put_object(shared, &object, &path).await.map_err(StoreError::Upload)?;
+        let (size, digest) = put_object(shared, &object, Source::File(&path)).await.map_err(StoreError::Upload)?;
         artifacts.push(Artifact { name, object, size, digest });
     }
-    Ok((result_object, artifacts))
+    Ok(Stored { inline, result_object: Some(result_object), artifacts })
 }
 
-async fn put_object(shared: &Shared, name: &str, path: &Path) -> Result<(u64, String), String> {
+/// What `put_object` stores: a file, or bytes already in memory.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(u64, String), String> {
     let mut last = String::new();
     for attempt in 0..5 {
         if attempt > 0 {
             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
         }
-        let mut file = match tokio::fs::File::open(path).await {
-            Ok(f) => f,
-            Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        let stored = match source {
+            Source::File(path) => {
+                let mut file = match tokio::fs::File::open(path).await {
+                    Ok(f) => f,
+                    Err(e) => return Err(format!("reading {}: {e}", path.display())),
+                };
+                shared.handles.artifacts.put(name, &mut file).await
+            }
+            Source::Bytes(mut bytes) => shared.handles.artifacts.put(name, &mut bytes).await,
         };
-        match shared.handles.artifacts.put(name, &mut file).await {
+        match stored {
             Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
             // An object of that name existed (an earlier attempt's) and the new one is stored;
             // only the old chunks stay behind, since no role but the admin may purge.
@@ -836,4 +932,56 @@ fn list_files(dir: &Path) -> Vec<(String, PathBuf)> {
     }
     out.sort();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn runner(name: &str, backends: &[&str]) -> Executor {
+        Executor::Runner(runner::Runner {
+            name: name.to_owned(),
+            task_types: vec!["inference".to_owned()],
+            backends: backends.iter().map(|b| (*b).to_owned()).collect(),
+            python: "python3".to_owned(),
+        })
+    }
+
+    fn order(spec: Value) -> WorkOrder {
+        serde_json::from_value(json!({
+            "workflow_id": "wf-1", "task_id": "wf-1-main", "stage": "main", "attempt": 1,
+            "task_type": "inference", "spec": spec,
+        }))
+        .expect("a work order")
+    }
+
+    /// The executor that runs an inference task serves its backend: one that lists it, else one
+    /// that declares none; never one that serves another backend only.
+    #[test]
+    fn inference_runs_on_an_executor_for_its_backend() {
+        let hf = runner("transformers", &["transformers"]);
+        let vllm = runner("vllm", &["vllm"]);
+        let plugin = Executor::Plugin(plugin::Plugin {
+            name: "my-server".to_owned(),
+            task_types: vec!["inference".to_owned()],
+            backends: Vec::new(),
+            requires_gpu: false,
+            probe: Vec::new(),
+            command: vec!["true".to_owned()],
+            prewarm: Vec::new(),
+        });
+        let vllm_spec = json!({"model": {"vllm": {}}});
+        let cpu_spec = json!({"enforce_cpu": true});
+        let pick = |executors: &[&Executor], spec: &Value| {
+            select_executor(executors, &order(spec.clone())).map(|e| e.name().to_owned())
+        };
+        assert_eq!(pick(&[&hf, &vllm], &vllm_spec).unwrap(), "vllm");
+        assert_eq!(pick(&[&vllm, &hf], &cpu_spec).unwrap(), "transformers");
+        assert_eq!(pick(&[&hf, &plugin], &vllm_spec).unwrap(), "my-server");
+        assert_eq!(pick(&[&vllm, &hf], &json!({})).unwrap(), "vllm", "auto: the first that serves the type");
+        let refused = pick(&[&hf], &vllm_spec).unwrap_err();
+        assert!(refused.contains("\"vllm\" inference backend"), "{refused}");
+        assert!(pick(&[], &cpu_spec).unwrap_err().contains("no executor for task type"));
+    }
 }

@@ -9,6 +9,10 @@ use std::path::Path;
 pub struct Plugin {
     pub name: String,
     pub task_types: Vec<String>,
+    /// The inference backends it serves (`transformers`, `vllm`); absent: it picks its backend
+    /// itself and is taken to serve any.
+    #[serde(default)]
+    pub backends: Vec<String>,
     #[serde(default)]
     pub requires_gpu: bool,
     /// Must exit 0 for the plugin to be constructed; absent means always.

@@ -20,7 +20,9 @@ pub struct Runner {
     /// `transformers`, `vllm`, `trl`, `sentence-transformers`: inference picks by backend name.
     pub name: String,
     pub task_types: Vec<String>,
-    /// The interpreter that imported the package (`FLOWMESH_RUNNERS_PYTHON`).
+    /// The inference backends it serves (`transformers`, `vllm`), advertised for placement.
+    pub backends: Vec<String>,
+    /// The interpreter that imported the package.
     pub python: String,
 }
 
@@ -41,6 +43,8 @@ struct Capabilities {
 struct Entry {
     name: String,
     task_types: Vec<String>,
+    #[serde(default)]
+    backends: Vec<String>,
     ok: bool,
     #[serde(default)]
     reason: Option<String>,
@@ -54,7 +58,12 @@ pub fn parse_capabilities(python: &str, text: &str) -> Result<(Vec<Runner>, Vec<
     let mut missing = Vec::new();
     for e in caps.runners {
         if e.ok && !e.task_types.is_empty() {
-            ready.push(Runner { name: e.name, task_types: e.task_types, python: python.to_owned() });
+            ready.push(Runner {
+                name: e.name,
+                task_types: e.task_types,
+                backends: e.backends,
+                python: python.to_owned(),
+            });
         } else {
             let reason = e.reason.unwrap_or_else(|| "it serves no task type here".to_owned());
             missing.push(Unavailable { name: e.name, task_types: e.task_types, reason });
@@ -63,35 +72,116 @@ pub fn parse_capabilities(python: &str, text: &str) -> Result<(Vec<Runner>, Vec<
     Ok((ready, missing))
 }
 
-/// Asks `python -m flowmesh_runners capabilities` what can run here. An error means the package
-/// itself is not importable: then no runner is advertised.
-pub async fn discover(python: &str) -> Result<(Vec<Runner>, Vec<Unavailable>), String> {
+/// How long the fingerprint may take: it reads package metadata and imports nothing heavy.
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `python -m flowmesh_runners <command>` and returns what it printed. An error means the
+/// package could not answer (not installed for this interpreter, or it failed).
+async fn ask(python: &str, command: &str, limit: Duration) -> Result<String, String> {
     let run = tokio::process::Command::new(python)
-        .args(["-m", "flowmesh_runners", "capabilities"])
+        .args(["-m", "flowmesh_runners", command])
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
-    let output = tokio::time::timeout(PROBE_TIMEOUT, run)
+    let output = tokio::time::timeout(limit, run)
         .await
-        .map_err(|_| format!("{python} -m flowmesh_runners capabilities took over {PROBE_TIMEOUT:?}"))?
+        .map_err(|_| format!("{python} -m flowmesh_runners {command} took over {limit:?}"))?
         .map_err(|e| format!("{python} could not start: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         let last = stderr.lines().last().unwrap_or("").trim();
-        return Err(format!("{python} -m flowmesh_runners capabilities exited with {}: {last}", output.status));
+        return Err(format!("{python} -m flowmesh_runners {command} exited with {}: {last}", output.status));
     }
-    parse_capabilities(python, &String::from_utf8_lossy(&output.stdout))
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Asks `python -m flowmesh_runners capabilities` what can run here (imports torch, TRL, …: slow).
+pub async fn discover(python: &str) -> Result<(Vec<Runner>, Vec<Unavailable>), String> {
+    parse_capabilities(python, &ask(python, "capabilities", PROBE_TIMEOUT).await?)
+}
+
+/// The file that remembers a probe's answer: named after the package's fingerprint (interpreter,
+/// search path, package versions, the package's own checks) and what the package cannot see from
+/// there (`machine`: the GPUs the driver lists, `CUDA_VISIBLE_DEVICES`).
+pub fn cache_file(dir: &Path, fingerprint: &str, machine: &str) -> std::path::PathBuf {
+    let digest = flowmesh_nats::digest::sha256(format!("{}\n{machine}", fingerprint.trim()).as_bytes());
+    let key: String =
+        digest.trim_start_matches("SHA-256=").chars().filter(char::is_ascii_alphanumeric).take(32).collect();
+    dir.join(format!("runners-{key}.json"))
+}
+
+/// Where the runners' answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Probed,
+    /// An earlier probe with the same fingerprint and GPUs.
+    Remembered,
+}
+
+/// What initialised here: remembered from an earlier probe with the same fingerprint when
+/// `cache` has one, else probed (and remembered). A package that cannot give its fingerprint
+/// (an older one) is probed every time.
+pub async fn probe(
+    python: &str,
+    cache: Option<&Path>,
+    machine: &str,
+) -> Result<(Vec<Runner>, Vec<Unavailable>, Source), String> {
+    let file = match cache {
+        Some(dir) => match ask(python, "fingerprint", FINGERPRINT_TIMEOUT).await {
+            Ok(fingerprint) => Some(cache_file(dir, &fingerprint, machine)),
+            Err(why) => {
+                tracing::debug!(reason = %why, "no runner fingerprint; probing without the cache");
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(file) = &file
+        && let Ok(text) = std::fs::read_to_string(file)
+        && let Ok((ready, missing)) = parse_capabilities(python, &text)
+    {
+        return Ok((ready, missing, Source::Remembered));
+    }
+    let text = ask(python, "capabilities", PROBE_TIMEOUT).await?;
+    let (ready, missing) = parse_capabilities(python, &text)?;
+    if let Some(file) = &file
+        && let Err(e) = remember(file, &text)
+    {
+        tracing::warn!(file = %file.display(), error = %e, "could not remember the runner probe");
+    }
+    Ok((ready, missing, Source::Probed))
+}
+
+/// Writes the answer whole or not at all (a rename), so a reader never sees half of it.
+fn remember(file: &Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = file.with_extension(format!("{}.partial", std::process::id()));
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, file)
+}
+
+/// What a worker lists while its runners are being asked: one entry, serving nothing.
+pub fn initialising(python: &str) -> crate::executor::Executor {
+    crate::executor::Executor::Unavailable(Unavailable {
+        name: "flowmesh_runners".to_owned(),
+        task_types: Vec::new(),
+        reason: format!("initialising: asking {python} which runners can run here"),
+    })
 }
 
 /// The executors for `FLOWMESH_RUNNERS`: one per runner that initialised, and one listing each
-/// that did not (it serves nothing). A package that cannot be asked at all is logged and skipped.
-pub async fn executors(python: &str) -> Vec<crate::executor::Executor> {
+/// that did not (it serves nothing). A package that cannot be asked at all is listed as such.
+pub async fn executors(python: &str, cache: Option<&Path>, machine: &str) -> Vec<crate::executor::Executor> {
     use crate::executor::Executor;
-    match discover(python).await {
-        Ok((ready, missing)) => {
+    match probe(python, cache, machine).await {
+        Ok((ready, missing, source)) => {
             for u in &missing {
                 tracing::info!(executor = %u.name, reason = %u.reason, "runner not available");
             }
+            let names: Vec<&str> = ready.iter().map(|r| r.name.as_str()).collect();
+            tracing::info!(runners = ?names, ?source, "ML runners initialised");
             ready.into_iter().map(Executor::Runner).chain(missing.into_iter().map(Executor::Unavailable)).collect()
         }
         Err(why) => {
@@ -216,6 +306,7 @@ mod tests {
             {"name":"trl","task_types":[],"ok":true}]}"#;
         let (ready, missing) = parse_capabilities("python3", text).unwrap();
         assert_eq!(ready.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(), ["transformers"]);
+        assert_eq!(ready[0].backends, ["transformers"], "backends are advertised for placement");
         assert_eq!(missing.iter().map(|u| u.name.as_str()).collect::<Vec<_>>(), ["vllm", "trl"]);
         assert!(missing[0].reason.contains("vllm"));
         assert!(parse_capabilities("python3", "Traceback ...").is_err());

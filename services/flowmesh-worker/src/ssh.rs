@@ -886,6 +886,7 @@ mod tests {
             spec,
             upstream: BTreeMap::new(),
             upstream_artifacts: BTreeMap::new(),
+            upstream_results: BTreeMap::new(),
         };
         let ctx = TaskContext {
             order,

@@ -91,6 +91,7 @@ fn task(name: &str, spec: Value) -> (Trigger, TaskContext, tempfile::TempDir) {
         spec,
         upstream: BTreeMap::new(),
         upstream_artifacts: BTreeMap::new(),
+        upstream_results: BTreeMap::new(),
     };
     let ctx = TaskContext {
         order,

@@ -155,6 +155,9 @@ pub struct Options {
     pub mix: Mix,
     /// Also measure the raw JetStream round trip on the same server.
     pub raw: bool,
+    /// Messages in the raw run (the documents of the mix, repeated): enough that it lasts well
+    /// past start-up effects.
+    pub raw_messages: usize,
     /// For the whole pipeline run (and, separately, the raw run).
     pub timeout: Duration,
     /// How long to wait for live workers that serve every type of the mix (a fresh stack's
@@ -171,6 +174,7 @@ impl Default for Options {
             concurrency: 16,
             mix: Mix(vec![(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
             raw: false,
+            raw_messages: RAW_MESSAGES,
             timeout: Duration::from_secs(600),
             fleet_wait: Duration::from_secs(10),
             replicas: 1,
@@ -297,7 +301,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     // The raw run goes first: it is short, and a server that cannot hold a file stream fails here
     // before any workflow is submitted.
     let raw = if options.raw {
-        Some(raw(js, &bodies, options.concurrency, options.replicas, options.timeout, stop.clone()).await?)
+        let raw_bodies: Vec<Vec<u8>> = bodies.iter().cycle().take(options.raw_messages.max(1)).cloned().collect();
+        Some(raw(js, &raw_bodies, options.replicas, options.timeout, stop.clone()).await?)
     } else {
         None
     };
@@ -597,10 +602,14 @@ fn nonce() -> String {
 const RAW_INDEX_HEADER: &str = "Flowmesh-Bench-Index";
 
 /// Creates a temporary file stream, measures the round trip on it, and deletes it whatever happened.
+/// The raw run's default size (`--raw-messages`).
+pub const RAW_MESSAGES: usize = 50_000;
+/// Publishes (and acks) the raw run keeps in flight: what a pipelined client does.
+const RAW_WINDOW: usize = 256;
+
 async fn raw(
     js: &jetstream::Context,
     bodies: &[Vec<u8>],
-    concurrency: usize,
     replicas: usize,
     timeout: Duration,
     mut stop: Shutdown,
@@ -622,7 +631,7 @@ async fn raw(
         .await
         .map_err(|e| anyhow::anyhow!("could not create the temporary stream {name}: {e}"))?;
     let measured = tokio::select! {
-        m = tokio::time::timeout(timeout, raw_round_trip(js, &stream, &subject, bodies, concurrency)) => match m {
+        m = tokio::time::timeout(timeout, raw_round_trip(js, &stream, &subject, bodies, RAW_WINDOW)) => match m {
             Ok(m) => m,
             Err(_) => Err(anyhow::anyhow!("the raw round trip did not finish within {}s", timeout.as_secs())),
         },
@@ -644,16 +653,16 @@ async fn raw(
     })
 }
 
-/// Publishes every body with acks (at most `concurrency` unacknowledged) while a durable pull
-/// consumer takes them and double-acks each (at most `concurrency` acks outstanding), as the
-/// product's services ack. Returns the wall time from the first publish to the last confirmed
-/// ack, and each message's publish → delivery latency.
+/// Publishes every body with acks (at most `window` unacknowledged) while a durable pull
+/// consumer takes them and acks each plainly, as the product's services ack. Returns the wall
+/// time from the first publish until the server holds no unacknowledged message, and each
+/// message's publish → delivery latency.
 async fn raw_round_trip(
     js: &jetstream::Context,
     stream: &stream::Stream,
     subject: &str,
     bodies: &[Vec<u8>],
-    concurrency: usize,
+    window: usize,
 ) -> anyhow::Result<(Duration, Vec<f64>)> {
     let consumer = stream
         .create_consumer(consumer::pull::Config {
@@ -671,7 +680,7 @@ async fn raw_round_trip(
         let mut sent_at = Vec::with_capacity(total);
         let mut acks = FuturesUnordered::new();
         for (n, body) in bodies.iter().enumerate() {
-            while acks.len() >= concurrency {
+            while acks.len() >= window {
                 acks.next().await.expect("acks pending")?;
             }
             let publish =
@@ -687,7 +696,6 @@ async fn raw_round_trip(
     let consume = async {
         let mut got_at: Vec<Option<Instant>> = vec![None; total];
         let mut received = 0;
-        let mut acks = FuturesUnordered::new();
         while received < total {
             let message = messages
                 .next()
@@ -706,26 +714,28 @@ async fn raw_round_trip(
                 got_at[index] = Some(at);
                 received += 1;
             }
-            while acks.len() >= concurrency {
-                acks.next().await.expect("acks pending")?;
-            }
-            acks.push(async move { message.double_ack().await.map_err(|e| anyhow::anyhow!("raw ack: {e}")) });
-        }
-        while let Some(ack) = acks.next().await {
-            ack?;
+            message.ack().await.map_err(|e| anyhow::anyhow!("raw ack: {e}"))?;
         }
         anyhow::Ok(got_at)
     };
     let (sent_at, got_at) = tokio::try_join!(produce, consume)?;
-    let wall = begin.elapsed();
+    // Plain acks are not confirmed one by one: the run ends when the server has taken them all.
     let mut consumer = consumer;
-    let info = consumer.info().await?;
-    anyhow::ensure!(
-        info.num_ack_pending == 0 && info.num_pending == 0,
-        "the raw consumer still has {} unacknowledged and {} undelivered message(s) after the last ack",
-        info.num_ack_pending,
-        info.num_pending
-    );
+    let settle = Instant::now();
+    loop {
+        let info = consumer.info().await?;
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            break;
+        }
+        anyhow::ensure!(
+            settle.elapsed() < Duration::from_secs(30),
+            "the raw consumer still has {} unacknowledged and {} undelivered message(s) after the last ack",
+            info.num_ack_pending,
+            info.num_pending
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let wall = begin.elapsed();
     let latencies = sent_at
         .iter()
         .zip(&got_at)

@@ -159,10 +159,13 @@ struct BenchArgs {
     /// With --dev: the nats-server binary (default: from PATH).
     #[arg(long, requires = "dev")]
     nats_server: Option<PathBuf>,
-    /// Also measure the raw JetStream round trip (publish with acks, consume with acks) on the
-    /// same server, in a temporary stream deleted afterwards.
+    /// Also measure the raw JetStream round trip (pipelined publish with acks, 256 in flight;
+    /// consume with plain acks) on the same server, in a temporary stream deleted afterwards.
     #[arg(long)]
     raw: bool,
+    /// Messages in the raw run.
+    #[arg(long, requires = "raw", default_value_t = bench::RAW_MESSAGES)]
+    raw_messages: usize,
     /// The whole pipeline run's limit; tasks not ended by then count as unfinished.
     #[arg(long, default_value_t = 600)]
     timeout_sec: u64,
@@ -424,8 +427,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Result { command: ResultCommand::Fetch { task, out } } => {
             let (_, handles) = cli.nats.handles("flowmesh-cli").await?;
-            for (name, size) in views::fetch_results(&handles.js, &task, &out).await? {
-                println!("{}  {size} bytes  (digest verified)", out.join(name).display());
+            for f in views::fetch_results(&handles.js, &task, &out).await? {
+                let how = if f.verified { "digest verified" } else { "inline in its task.completed event" };
+                println!("{}  {} bytes  ({how})", out.join(&f.name).display(), f.size);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -887,6 +891,7 @@ async fn bench_command(nats: &NatsArgs, args: BenchArgs) -> anyhow::Result<ExitC
         concurrency: args.concurrency as usize,
         mix: args.mix,
         raw: args.raw,
+        raw_messages: args.raw_messages,
         timeout: Duration::from_secs(args.timeout_sec),
         replicas: usize::from(nats.replicas),
         ..Default::default()

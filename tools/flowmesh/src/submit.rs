@@ -52,15 +52,31 @@ pub async fn follow(
     timeout: Duration,
     mut on_event: impl FnMut(&Event, &State),
 ) -> anyhow::Result<(End, State)> {
+    // Why a task waits for a slot is not stored: the router says it on a core subject.
+    let mut hints = js.client().subscribe(subjects::workflow_hints(workflow_id)).await?;
     let stream = log::events(js, subjects::workflow_events(workflow_id), true).await?;
     futures_util::pin_mut!(stream);
     let mut state = State::default();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let event = match tokio::time::timeout_at(deadline, stream.next()).await {
+        let next = async {
+            tokio::select! {
+                event = stream.next() => Some(event),
+                Some(hint) = hints.next() => {
+                    if let Ok(hint) = serde_json::from_slice::<Event>(&hint.payload)
+                        && matches!(hint.body, EventBody::TaskPending(_))
+                    {
+                        on_event(&hint, &state);
+                    }
+                    None
+                }
+            }
+        };
+        let event = match tokio::time::timeout_at(deadline, next).await {
             Err(_) => anyhow::bail!("{workflow_id} did not finish within {}s", timeout.as_secs()),
-            Ok(None) => anyhow::bail!("the event stream ended before {workflow_id} finished"),
-            Ok(Some(event)) => event?,
+            Ok(None) => continue,
+            Ok(Some(None)) => anyhow::bail!("the event stream ended before {workflow_id} finished"),
+            Ok(Some(Some(event))) => event?,
         };
         state.apply(&event);
         on_event(&event, &state);

@@ -166,8 +166,20 @@ pub fn print_workers(workers: &[(WorkerSnapshot, u64)], fleet: &State) {
     );
 }
 
-/// Downloads a task's objects into `out`, verifying each against its SHA-256 digest.
-pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -> anyhow::Result<Vec<(String, u64)>> {
+/// One file `fetch_results` wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// Its path relative to the task (`results.json`, `logs/stdout.log`, `model/adapter.bin`).
+    pub name: String,
+    pub size: u64,
+    /// Downloaded from the object store and checked against its SHA-256 digest; `false` for a
+    /// result that traveled inline in its `task.completed` event (nothing was stored).
+    pub verified: bool,
+}
+
+/// Downloads a task's objects into `out`, verifying each against its SHA-256 digest. A task that
+/// stored no files (an echo) gets its inline result written as `results.json`.
+pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -> anyhow::Result<Vec<Fetched>> {
     let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
     let mut list = store.list().await?;
     let prefix = format!("{task_id}/");
@@ -189,23 +201,36 @@ pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -
         {
             anyhow::bail!("{} is corrupt: digest {digest}, expected {expected}", info.name);
         }
-        let path = out.join(relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&path, &bytes)?;
-        fetched.push((relative.to_owned(), bytes.len() as u64));
+        write_file(&out.join(relative), &bytes)?;
+        fetched.push(Fetched { name: relative.to_owned(), size: bytes.len() as u64, verified: true });
     }
     if fetched.is_empty() {
+        let state = crate::log::fold_task(js, task_id).await?;
+        let task = state.task(task_id);
         // A merged task's files are those of the execution it shared.
-        if let Ok(state) = crate::log::fold_task(js, task_id).await
-            && let Some(leader) = state.task(task_id).and_then(|t| t.merged_into.clone())
-        {
+        if let Some(leader) = task.and_then(|t| t.merged_into.clone()) {
             return Box::pin(fetch_results(js, &leader, out)).await;
+        }
+        if let Some(t) = task
+            && t.status == TaskStatus::Completed
+            && t.result_object.is_none()
+            && let Some(result) = &t.result
+        {
+            let bytes = serde_json::to_vec_pretty(result)?;
+            write_file(&out.join("results.json"), &bytes)?;
+            return Ok(vec![Fetched { name: "results.json".to_owned(), size: bytes.len() as u64, verified: false }]);
         }
         anyhow::bail!("no stored results for task {task_id}");
     }
     Ok(fetched)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, bytes)?;
+    Ok(())
 }
 
 /// One stream's replication health.

@@ -44,18 +44,19 @@ pub async fn run(js: &async_nats::jetstream::Context, args: Args) -> anyhow::Res
     let root = staging.path().join(&args.task);
     let fetched = flowmesh::views::fetch_results(js, &args.task, &root).await?;
     let mut kept = Vec::new();
-    for (relative, size) in fetched {
-        if args.include.takes(&relative) {
-            kept.push((relative, size));
+    for f in fetched {
+        if args.include.takes(&f.name) {
+            kept.push(f);
         } else {
-            std::fs::remove_file(root.join(&relative))?;
+            std::fs::remove_file(root.join(&f.name))?;
         }
     }
     anyhow::ensure!(!kept.is_empty(), "{} stored nothing that --include {:?} takes", args.task, args.include);
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from(format!("{}.tgz", args.task)));
     tar(staging.path(), &args.task, &output)?;
-    for (relative, size) in &kept {
-        eprintln!("  {}/{relative}  {size} bytes  (digest verified)", args.task);
+    for f in &kept {
+        let how = if f.verified { "digest verified" } else { "inline in its task.completed event" };
+        eprintln!("  {}/{}  {} bytes  ({how})", args.task, f.name, f.size);
     }
     println!("{}", output.display());
     Ok(ExitCode::SUCCESS)
