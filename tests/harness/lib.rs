@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// (role, environment variable, password) for the secured server of `start_secured`.
-pub const ROLE_PASSWORDS: [(&str, &str, &str); 4] = [
+pub const ROLE_PASSWORDS: [(&str, &str, &str); 5] = [
     ("submitter", "FLOWMESH_SUBMITTER_PASSWORD", "submit-secret"),
     ("worker", "FLOWMESH_WORKER_PASSWORD", "worker-secret"),
-    ("service", "FLOWMESH_SERVICE_PASSWORD", "service-secret"),
+    ("validator", "FLOWMESH_VALIDATOR_PASSWORD", "validator-secret"),
+    ("router", "FLOWMESH_ROUTER_PASSWORD", "router-secret"),
     ("admin", "FLOWMESH_ADMIN_PASSWORD", "admin-secret"),
 ];
 

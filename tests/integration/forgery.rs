@@ -10,15 +10,17 @@ use flowmesh_nats::subjects;
 use std::time::Duration;
 use tests::{World, role_password};
 
-fn service() -> [(&'static str, &'static str); 2] {
-    [("NATS_USER", "service"), ("NATS_PASSWORD", role_password("service"))]
+fn as_role(role: &'static str) -> [(&'static str, &'static str); 2] {
+    [("NATS_USER", role), ("NATS_PASSWORD", role_password(role))]
 }
 
 /// A JetStream context logged in as `user`, with a short timeout: a refused request is never
 /// answered.
 async fn login(world: &World, user: &str, password: &str) -> anyhow::Result<jetstream::Context> {
-    let client =
-        async_nats::ConnectOptions::with_user_and_password(user.into(), password.into()).connect(world.url()).await?;
+    let client = async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+        .custom_inbox_prefix(subjects::inbox_prefix(user))
+        .connect(world.url())
+        .await?;
     Ok(jetstream::ContextBuilder::new().timeout(Duration::from_secs(1)).build(client))
 }
 
@@ -77,8 +79,9 @@ async fn a_worker_cannot_forge_accept_complete_or_preclaim() -> anyhow::Result<(
         &[("FLOWMESH_WORKER_OWN_PASSWORD", "own-secret"), ("FLOWMESH_WORKER_EVIL_PASSWORD", "evil-secret")],
     )
     .await?;
-    world.process("validator", &["validator"], &service())?;
-    world.process("router", &["router"], &[service()[0], service()[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
+    world.process("validator", &["validator"], &as_role("validator"))?;
+    let router = as_role("router");
+    world.process("router", &["router"], &[router[0], router[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
     world.worker_process("own", &[("NATS_USER", "worker-own"), ("NATS_PASSWORD", "own-secret")])?;
     let evil = login(&world, "worker-evil", "evil-secret").await?;
 

@@ -12,6 +12,7 @@ mod merge;
 mod ml;
 mod n8n;
 mod observability;
+mod permissions;
 mod router;
 mod security;
 mod serve;

@@ -33,9 +33,9 @@ async fn refused(js: &async_nats::jetstream::Context, subject: &'static str) -> 
 async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
     let mut world = World::start_secured().await?;
     let results = world.dir.path().join("secure-worker");
-    let service = as_role("service");
-    world.process("validator", &["validator"], &service)?;
-    world.process("router", &["router"], &[service[0], service[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
+    world.process("validator", &["validator"], &as_role("validator"))?;
+    let router = as_role("router");
+    world.process("router", &["router"], &[router[0], router[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
     let worker = as_role("worker");
     world.process(
         "worker",
@@ -59,6 +59,25 @@ async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
         .output()
         .await?;
     assert!(out.status.success(), "{}\nworker:\n{}", tests::output_text(&out), world.process_log("worker"));
+
+    // Services answer requests through `allow_responses` alone (no role may publish on an inbox).
+    for (subject, service) in [
+        ("flowmesh.router.status", "router"),
+        ("flowmesh.validator.status", "validator"),
+        ("flowmesh.worker.sw.status", "worker"),
+    ] {
+        let reply = tokio::time::timeout(tests::DEADLINE, async {
+            loop {
+                match world.client.request(subject, "".into()).await {
+                    Ok(reply) => return reply,
+                    // The status endpoint may not be registered yet: ask again.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        })
+        .await;
+        assert!(reply.is_ok_and(|r| !r.payload.is_empty()), "no status from the {service}");
+    }
 
     // Outside their roles, the server refuses them.
     let submitter_js = client(&world, "submitter").await?;
@@ -98,9 +117,9 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
         &[("FLOWMESH_WORKER_OWN_PASSWORD", "own-secret"), ("FLOWMESH_WORKER_OTHER_PASSWORD", "other-secret")],
     )
     .await?;
-    let service = as_role("service");
-    world.process("validator", &["validator"], &service)?;
-    world.process("router", &["router"], &[service[0], service[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
+    world.process("validator", &["validator"], &as_role("validator"))?;
+    let router = as_role("router");
+    world.process("router", &["router"], &[router[0], router[1], ("ROUTER_LEASE_TTL_SEC", "2")])?;
     world.worker_process("own", &[("NATS_USER", "worker-own"), ("NATS_PASSWORD", "own-secret")])?;
 
     // Its whole path works under the narrowed user: heartbeat, its consumer, reports, results.
@@ -116,6 +135,7 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
     // A refused request is never answered: a short timeout keeps each refusal short.
     let own = async_nats::jetstream::ContextBuilder::new().timeout(Duration::from_secs(1)).build(
         async_nats::ConnectOptions::with_user_and_password("worker-own".into(), "own-secret".into())
+            .custom_inbox_prefix(flowmesh_nats::subjects::inbox_prefix("worker-own"))
             .connect(world.url())
             .await?,
     );
@@ -137,6 +157,54 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
     // The same refusals are not a broken server: its own key can be written.
     let snapshot = workers.get("own").await?.expect("the worker's snapshot");
     assert!(workers.put("own", snapshot).await.is_ok());
+    world.shutdown().await;
+    Ok(())
+}
+
+/// `flowmesh submit --msg-id` is scoped to the submitting user: another user's id of the same
+/// text is another submission, and ids another user stores ahead of time take nothing.
+#[tokio::test]
+async fn a_msg_id_belongs_to_the_user_who_submitted_it() -> anyhow::Result<()> {
+    let config = flowmesh_nats::auth::server_config(&[], &["alice".to_owned()]).map_err(|e| anyhow::anyhow!(e))?;
+    let mut world =
+        World::start_secured_with(&config, &[("FLOWMESH_SUBMITTER_ALICE_PASSWORD", "alice-secret")]).await?;
+    world.process("validator", &["validator"], &as_role("validator"))?;
+    let submit = |user: &'static str, password: &'static str, file: &'static str, id: &'static str| {
+        let url = world.url();
+        async move {
+            let out = tokio::process::Command::new(tests::flowmesh_bin())
+                .args(["submit", file, "--msg-id", id])
+                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+                .env("NATS_URL", url)
+                .envs([("NATS_USER", user), ("NATS_PASSWORD", password)])
+                .output()
+                .await?;
+            let text = tests::output_text(&out);
+            anyhow::ensure!(out.status.success(), "{user}: {text}");
+            let workflow = text.split_whitespace().skip_while(|w| *w != "submitted").nth(1);
+            workflow.map(str::to_owned).ok_or_else(|| anyhow::anyhow!("no workflow id in {text}"))
+        }
+    };
+    let alice = submit("alice", "alice-secret", "examples/valid/echo.yaml", "run-7").await?;
+    let bob = submit("submitter", role_password("submitter"), "examples/valid/echo.yaml", "run-7").await?;
+    assert_ne!(alice, bob, "another user's run-7 returned alice's submission");
+    assert_eq!(submit("alice", "alice-secret", "examples/valid/echo.yaml", "run-7").await?, alice, "alice's retry");
+
+    // The other user stores under ids alice might use, as given and in her scope's shape.
+    let other = async_nats::jetstream::new(
+        async_nats::ConnectOptions::with_user_and_password("submitter".into(), role_password("submitter").into())
+            .custom_inbox_prefix(flowmesh_nats::subjects::inbox_prefix("submitter"))
+            .connect(world.url())
+            .await?,
+    );
+    let mut claimed = Vec::new();
+    for id in ["run-8", "alice:run-8", "alice:run-8:00000000000000000000000000000000"] {
+        let publish =
+            async_nats::jetstream::message::PublishMessage::build().payload("not alice's".into()).message_id(id);
+        claimed.push(format!("wf-{}", other.send_publish("flowmesh.submit", publish).await?.await?.sequence));
+    }
+    let eighth = submit("alice", "alice-secret", "examples/valid/echo.yaml", "run-8").await?;
+    assert!(!claimed.contains(&eighth), "alice's run-8 returned {eighth}, one of the claims {claimed:?}");
     world.shutdown().await;
     Ok(())
 }

@@ -1,7 +1,8 @@
-//! Per-worker users for `streams/nats-server.conf`. The shared `worker` user may take any
-//! worker's work; a user made here may reach only its own work subject and consumer, its own
-//! snapshot key and its own control and status subjects. Its permissions are the file's WORKER
-//! role narrowed to one id, so the role stays written once.
+//! Per-worker and per-submitter users for `streams/nats-server.conf`. The shared `worker` user
+//! may take any worker's work; a worker user made here may reach only its own work subject and
+//! consumer, its own snapshot key, its own control and status subjects and its own inbox prefix.
+//! A submitter user made here is the SUBMITTER role with its own inbox prefix. Each is the file's
+//! role narrowed to one name, so the roles stay written once.
 
 use crate::subjects;
 
@@ -21,32 +22,69 @@ pub fn password_variable(worker_id: &str) -> String {
     format!("FLOWMESH_WORKER_{}_PASSWORD", token(worker_id))
 }
 
+/// The environment variable of the nats-server process that holds a submitter user's password.
+pub fn submitter_password_variable(user: &str) -> String {
+    format!("FLOWMESH_SUBMITTER_{}_PASSWORD", token(user))
+}
+
 /// The id as it appears in variable and role names: upper case, `_` for anything else.
 fn token(worker_id: &str) -> String {
     worker_id.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
-/// `SERVER_CONFIG` with one user per worker id.
-pub fn server_config(worker_ids: &[String]) -> Result<String, String> {
+/// A name that becomes a subject token (a worker id, a user's inbox prefix).
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(format!("{what} {name:?}: use letters, digits, '-' and '_' only (it is a subject token)"));
+    }
+    Ok(())
+}
+
+/// `SERVER_CONFIG` with one user per worker id and one per submitter name.
+pub fn server_config(worker_ids: &[String], submitters: &[String]) -> Result<String, String> {
     let mut variables: Vec<String> = Vec::new();
-    for id in worker_ids {
-        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(format!("worker id {id:?}: use letters, digits, '-' and '_' only (it is a subject token)"));
-        }
-        let variable = password_variable(id);
+    let mut users_seen: Vec<String> =
+        ["submitter", "worker", "validator", "router", "admin"].map(String::from).to_vec();
+    let named = worker_ids
+        .iter()
+        .map(|id| ("worker id", id, password_variable(id), worker_user(id)))
+        .chain(submitters.iter().map(|name| ("submitter", name, submitter_password_variable(name), name.clone())));
+    for (what, name, variable, user) in named {
+        check_name(what, name)?;
         if variables.contains(&variable) {
-            return Err(format!("worker id {id:?}: another id already uses the password variable {variable}"));
+            return Err(format!("{what} {name:?}: another name already uses the password variable {variable}"));
+        }
+        if users_seen.contains(&user) {
+            return Err(format!("{what} {name:?}: the user {user:?} is already in the file"));
         }
         variables.push(variable);
+        users_seen.push(user);
     }
-    let role = worker_role()?;
+    let worker = role("WORKER")?;
+    let submitter = role("SUBMITTER")?;
     let mut blocks = String::new();
     let mut users = String::new();
-    for (id, variable) in worker_ids.iter().zip(&variables) {
+    for id in worker_ids {
         let name = format!("WORKER_{}", token(id));
-        blocks +=
-            &format!("  # {} (flowmesh streams server-config)\n  {name} = {}\n\n", worker_user(id), narrow(&role, id)?);
-        users += &format!("    {{ user: {:?}, password: ${variable}, permissions: ${name} }}\n", worker_user(id));
+        blocks += &format!(
+            "  # {} (flowmesh streams server-config)\n  {name} = {}\n\n",
+            worker_user(id),
+            narrow(&worker, id)?
+        );
+        users += &format!(
+            "    {{ user: {:?}, password: ${}, permissions: ${name} }}\n",
+            worker_user(id),
+            password_variable(id)
+        );
+    }
+    for user in submitters {
+        let name = format!("SUBMITTER_{}", token(user));
+        let own = replace_once(&submitter, "SUBMITTER", &subjects::inbox("submitter"), &[subjects::inbox(user)])?;
+        blocks += &format!("  # {user} (flowmesh streams server-config)\n  {name} = {own}\n\n");
+        users += &format!(
+            "    {{ user: {user:?}, password: ${}, permissions: ${name} }}\n",
+            submitter_password_variable(user)
+        );
     }
     let users_at = SERVER_CONFIG.find("  users = [").ok_or("streams/nats-server.conf has no users list")?;
     let marker_at = SERVER_CONFIG.find(USERS_MARKER).ok_or("streams/nats-server.conf has no per-worker marker")?;
@@ -58,11 +96,12 @@ pub fn server_config(worker_ids: &[String]) -> Result<String, String> {
     ))
 }
 
-/// The text of the WORKER role's block, from `{` to its closing `}`.
-fn worker_role() -> Result<String, String> {
-    let start = SERVER_CONFIG.find("  WORKER = {").ok_or("streams/nats-server.conf has no WORKER role")?;
-    let body = &SERVER_CONFIG[start + "  WORKER = ".len()..];
-    let end = body.find("\n  }\n").ok_or("the WORKER role does not end with '  }'")?;
+/// The text of a role's block, from `{` to its closing `}`.
+fn role(name: &str) -> Result<String, String> {
+    let start =
+        SERVER_CONFIG.find(&format!("  {name} = {{")).ok_or(format!("streams/nats-server.conf has no {name} role"))?;
+    let body = &SERVER_CONFIG[start + format!("  {name} = ").len()..];
+    let end = body.find("\n  }\n").ok_or(format!("the {name} role does not end with '  }}'"))?;
     Ok(body[..end + "\n  }".len()].to_owned())
 }
 
@@ -71,15 +110,8 @@ fn worker_role() -> Result<String, String> {
 /// be in the role exactly once: a role that changed shape is an error, never a wider permission.
 fn narrow(role: &str, id: &str) -> Result<String, String> {
     let consumer = subjects::work_consumer(id);
-    let (work, workers) = (subjects::WORK_STREAM, subjects::WORKERS_BUCKET);
-    // Messages may be read from the buckets, the artifacts and the log; not from FLOWMESH_WORK,
-    // which holds every worker's orders.
-    let readable = [
-        format!("KV_{workers}"),
-        format!("KV_{}", subjects::CONTROL_BUCKET),
-        format!("OBJ_{}", subjects::ARTIFACTS_BUCKET),
-        subjects::EVENTS_STREAM.to_owned(),
-    ];
+    let work = subjects::WORK_STREAM;
+    let workers = subjects::WORKERS_BUCKET;
     let replacements: Vec<(String, Vec<String>)> = vec![
         (format!("$KV.{workers}.>"), vec![format!("$KV.{workers}.{id}")]),
         (
@@ -90,17 +122,11 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
         (format!("$JS.API.CONSUMER.DURABLE.CREATE.{work}.>"), vec![]),
         (format!("$JS.API.CONSUMER.MSG.NEXT.{work}.>"), vec![format!("$JS.API.CONSUMER.MSG.NEXT.{work}.{consumer}")]),
         (format!("$JS.ACK.{work}.>"), vec![format!("$JS.ACK.{work}.{consumer}.>")]),
-        (
-            "$JS.API.STREAM.MSG.GET.>".to_owned(),
-            readable.iter().map(|s| format!("$JS.API.STREAM.MSG.GET.{s}")).collect(),
-        ),
-        (
-            "$JS.API.DIRECT.GET.>".to_owned(),
-            readable
-                .iter()
-                .flat_map(|s| [format!("$JS.API.DIRECT.GET.{s}"), format!("$JS.API.DIRECT.GET.{s}.>")])
-                .collect(),
-        ),
+        // No message reads from FLOWMESH_WORK, which holds every worker's orders.
+        (format!("$JS.API.STREAM.MSG.GET.{work}"), vec![]),
+        (format!("$JS.API.DIRECT.GET.{work}"), vec![]),
+        (format!("$JS.API.DIRECT.GET.{work}.>"), vec![]),
+        (subjects::inbox("worker"), vec![subjects::inbox(&worker_user(id))]),
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
         (subjects::prewarm("*"), vec![subjects::prewarm(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
@@ -111,25 +137,31 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
     );
     let mut narrowed = role.to_owned();
     for (wide, narrow) in replacements {
-        let quoted = format!("\"{wide}\"");
-        let count = narrowed.matches(quoted.as_str()).count();
-        if count != 1 {
-            return Err(format!("the WORKER role has {quoted} {count} times (expected once); cannot narrow it"));
-        }
-        let narrow: Vec<String> = narrow.iter().map(|s| format!("\"{s}\"")).collect();
-        narrowed = match narrowed.lines().find(|line| line.trim() == quoted) {
-            // A subject on a line of its own: one line per narrowed subject, same indent.
-            Some(line) => {
-                let indent = &line[..line.len() - line.trim_start().len()];
-                let lines: Vec<String> = narrow.iter().map(|s| format!("{indent}{s}")).collect();
-                let (before, after) = narrowed.split_once(&format!("{line}\n")).expect("the line is in the role");
-                format!("{before}{}{after}", lines.iter().map(|l| format!("{l}\n")).collect::<String>())
-            }
-            // Inside a one-line list (`subscribe = { allow = [ … ] }`).
-            None => narrowed.replace(&quoted, &narrow.join(", ")),
-        };
+        narrowed = replace_once(&narrowed, "WORKER", &wide, &narrow)?;
     }
     Ok(narrowed)
+}
+
+/// `role` (the text of role `name`) with the quoted subject `wide` replaced by the subjects
+/// `narrow` (none: removed). `wide` must be in the role exactly once.
+fn replace_once(role: &str, name: &str, wide: &str, narrow: &[String]) -> Result<String, String> {
+    let quoted = format!("\"{wide}\"");
+    let count = role.matches(quoted.as_str()).count();
+    if count != 1 {
+        return Err(format!("the {name} role has {quoted} {count} times (expected once); cannot narrow it"));
+    }
+    let narrow: Vec<String> = narrow.iter().map(|s| format!("\"{s}\"")).collect();
+    Ok(match role.lines().find(|line| line.trim() == quoted) {
+        // A subject on a line of its own: one line per narrowed subject, same indent.
+        Some(line) => {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let lines: Vec<String> = narrow.iter().map(|s| format!("{indent}{s}")).collect();
+            let (before, after) = role.split_once(&format!("{line}\n")).expect("the line is in the role");
+            format!("{before}{}{after}", lines.iter().map(|l| format!("{l}\n")).collect::<String>())
+        }
+        // Inside a one-line list (`subscribe = { allow = [ … ] }`).
+        None => role.replace(&quoted, &narrow.join(", ")),
+    })
 }
 
 #[cfg(test)]
@@ -142,7 +174,7 @@ mod tests {
 
     #[test]
     fn each_worker_gets_the_role_narrowed_to_its_id() {
-        let config = server_config(&ids(&["gpu-1", "cpu_2"])).unwrap();
+        let config = server_config(&ids(&["gpu-1", "cpu_2"]), &[]).unwrap();
         assert!(
             config.contains(
                 r#"{ user: "worker-gpu-1", password: $FLOWMESH_WORKER_GPU_1_PASSWORD, permissions: $WORKER_GPU_1 }"#
@@ -163,6 +195,7 @@ mod tests {
             "\"flowmesh.worker.gpu-1.status\"",
             "\"flowmesh.events.*.*.task.completed.gpu-1\"",
             "\"flowmesh.events.*.*.task.failed.gpu-1\"",
+            "\"_INBOX_worker-gpu-1.>\"",
             // What names no worker stays as in the role.
             "\"$JS.API.CONSUMER.MSG.NEXT.FLOWMESH_EVENTS.>\"",
         ] {
@@ -173,9 +206,10 @@ mod tests {
             "FLOWMESH_WORK.>",
             "DURABLE.CREATE",
             "MSG.GET.>",
-            "\"$JS.API.DIRECT.GET.>\"",
+            "FLOWMESH_WORK\"",
+            "_INBOX_worker.>",
             "control.*",
-            "worker.*",
+            "flowmesh.worker.*.status",
             "task.completed.*",
             "task.started.*",
             "cpu_2",
@@ -188,7 +222,21 @@ mod tests {
         assert!(
             config.contains("  WORKER = {") && config.contains("{ user: worker, password: $FLOWMESH_WORKER_PASSWORD")
         );
-        assert_eq!(server_config(&[]).unwrap(), SERVER_CONFIG);
+        assert_eq!(server_config(&[], &[]).unwrap(), SERVER_CONFIG);
+    }
+
+    #[test]
+    fn each_submitter_gets_the_role_with_its_own_inbox() {
+        let config = server_config(&[], &ids(&["alice"])).unwrap();
+        assert!(config.contains(
+            r#"{ user: "alice", password: $FLOWMESH_SUBMITTER_ALICE_PASSWORD, permissions: $SUBMITTER_ALICE }"#
+        ));
+        let block = &config[config.find("SUBMITTER_ALICE = {").unwrap()..];
+        let block = &block[..block.find("\n  }").unwrap()];
+        assert!(block.contains("\"_INBOX_alice.>\"") && !block.contains("_INBOX_submitter"), "{block}");
+        assert!(block.contains("\"flowmesh.submit\""), "{block}");
+        let clash = server_config(&[], &ids(&["router"])).unwrap_err();
+        assert!(clash.contains("already in the file"), "{clash}");
     }
 
     #[test]
@@ -199,10 +247,10 @@ mod tests {
             ("", "letters, digits"),
             ("gpu 1", "letters, digits"),
         ] {
-            let error = server_config(&ids(&[bad])).unwrap_err();
+            let error = server_config(&ids(&[bad]), &[]).unwrap_err();
             assert!(error.contains(says), "{bad:?}: {error}");
         }
-        let clash = server_config(&ids(&["gpu-1", "gpu_1"])).unwrap_err();
+        let clash = server_config(&ids(&["gpu-1", "gpu_1"]), &[]).unwrap_err();
         assert!(clash.contains("FLOWMESH_WORKER_GPU_1_PASSWORD"), "{clash}");
     }
 }

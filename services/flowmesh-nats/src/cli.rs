@@ -25,6 +25,10 @@ pub struct NatsArgs {
     pub nats_tls_cert: Option<PathBuf>,
     #[arg(long, env = "NATS_TLS_KEY", global = true)]
     pub nats_tls_key: Option<PathBuf>,
+    /// Prefix of this client's reply subjects (default `_INBOX_<NATS_USER>` with a user, which is
+    /// what the shipped roles allow; `_INBOX` without).
+    #[arg(long, env = "NATS_INBOX_PREFIX", global = true)]
+    pub nats_inbox_prefix: Option<String>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics); off when unset.
     #[arg(long, env = "METRICS_ADDR", global = true)]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -44,6 +48,7 @@ impl NatsArgs {
             tls_cert: self.nats_tls_cert.clone(),
             tls_key: self.nats_tls_key.clone(),
             name: name.to_owned(),
+            inbox_prefix: self.nats_inbox_prefix.clone(),
         }
     }
 

@@ -33,6 +33,17 @@ pub fn all_streams() -> [String; 6] {
     ]
 }
 
+/// The prefix under which `user` receives replies: `_INBOX_<user>`. Nobody is granted the
+/// shared `_INBOX.>`, where anyone could read anyone's replies.
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX_{user}")
+}
+
+/// Every reply subject of `user`: what its role may subscribe to.
+pub fn inbox(user: &str) -> String {
+    format!("{}.>", inbox_prefix(user))
+}
+
 /// The durable consumer all validators share (competing consumers).
 pub const VALIDATORS_CONSUMER: &str = "validators";
 

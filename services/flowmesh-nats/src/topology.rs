@@ -23,6 +23,11 @@ pub struct KvDef {
     pub bucket: String,
     pub description: String,
     pub history: i64,
+    /// Whether the bucket's stream takes rollup headers (a KV purge needs them). A bucket that
+    /// is never purged turns them off: permissions cannot see headers, so anyone who may write
+    /// one key could otherwise send `Nats-Rollup: all` and empty the bucket.
+    #[serde(default = "rollups_allowed")]
+    pub allow_rollup: bool,
     pub max_age_sec: u64,
     pub max_value_size: i32,
     pub storage: stream::StorageType,
@@ -235,6 +240,10 @@ fn compare_bucket(
     Ok(())
 }
 
+fn rollups_allowed() -> bool {
+    true
+}
+
 async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError> {
     let stream_name = format!("KV_{}", def.bucket);
     let max_age = Duration::from_secs(def.max_age_sec);
@@ -259,6 +268,18 @@ async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError
             None => {
                 return Err(EdgeError::transient(format!("creating bucket {}", def.bucket), e));
             }
+        }
+    }
+    // async-nats creates every bucket with rollups on; whoever created it may change that (a
+    // bucket found existing keeps its setting: only the admin may update a stream).
+    if !def.allow_rollup {
+        let what = || format!("turning rollups off on bucket {}", def.bucket);
+        let mut config = existing(js, &stream_name)
+            .await?
+            .ok_or_else(|| EdgeError::transient(what(), std::io::Error::other("the bucket vanished")))?;
+        if config.allow_rollup {
+            config.allow_rollup = false;
+            js.update_stream(&config).await.map_err(|e| EdgeError::transient(what(), e))?;
         }
     }
     Ok(())

@@ -924,6 +924,15 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
         };
         match stored {
             Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
+            // An object of that name existed (an earlier attempt's) and the new one is stored;
+            // only the old chunks stay behind, since no role but the admin may purge.
+            Err(e) if e.kind() == async_nats::jetstream::object_store::PutErrorKind::PurgeOldChunks => {
+                tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until an admin compacts");
+                match shared.handles.artifacts.info(name).await {
+                    Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
+                    Err(e) => last = e.to_string(),
+                }
+            }
             Err(e) => last = e.to_string(),
         }
     }

@@ -179,7 +179,9 @@ struct SubmitArgs {
     /// Follow the workflow until it ends and print its results.
     #[arg(long, alias = "wait")]
     watch: bool,
-    /// Nats-Msg-Id for an idempotent submission.
+    /// Id for an idempotent submission: the same user submitting the same id again gets the
+    /// first submission back. Scoped to the user (stored as `USER:ID:TAG` when NATS_USER and a
+    /// password or creds are set), so another user's id never matches it.
     #[arg(long)]
     msg_id: Option<String>,
     #[arg(long, default_value_t = 600)]
@@ -305,11 +307,15 @@ enum StreamsCommand {
         json: bool,
     },
     /// Print streams/nats-server.conf with a user of its own for each worker (`worker-ID`, its
-    /// password in FLOWMESH_WORKER_ID_PASSWORD), allowed only that worker's work and keys.
+    /// password in FLOWMESH_WORKER_ID_PASSWORD), allowed only that worker's work and keys, and
+    /// for each submitter (`NAME`, its password in FLOWMESH_SUBMITTER_NAME_PASSWORD).
     ServerConfig {
         /// A worker id; repeat for each worker.
         #[arg(long = "worker")]
         workers: Vec<String>,
+        /// A submitter's user name; repeat for each user.
+        #[arg(long = "submitter")]
+        submitters: Vec<String>,
     },
 }
 
@@ -453,8 +459,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
-        Command::Streams { command: StreamsCommand::ServerConfig { workers } } => {
-            let config = flowmesh_nats::auth::server_config(&workers).map_err(|e| anyhow::anyhow!(e))?;
+        Command::Streams { command: StreamsCommand::ServerConfig { workers, submitters } } => {
+            let config = flowmesh_nats::auth::server_config(&workers, &submitters).map_err(|e| anyhow::anyhow!(e))?;
             print!("{config}");
             Ok(ExitCode::SUCCESS)
         }
@@ -550,7 +556,9 @@ fn validate_command(files: &[PathBuf], json: bool) -> ExitCode {
 async fn submit_command(nats: &NatsArgs, args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let body = read_document(&args.file)?;
     let (_, handles) = nats.handles("flowmesh-cli").await?;
-    let (workflow_id, seq) = submit::submit(&handles.js, body, args.msg_id.as_deref()).await?;
+    // The id is scoped to this user: another user's `--msg-id` of the same text is another id.
+    let msg_id = args.msg_id.as_deref().map(|given| nats.options("flowmesh-cli").scoped_msg_id(given)).transpose()?;
+    let (workflow_id, seq) = submit::submit(&handles.js, body, msg_id.as_deref()).await?;
     eprintln!("submitted {workflow_id} ({} seq {seq})", subjects::SUBMISSIONS_STREAM);
     if !args.watch {
         let accepted = verdict(&handles.js, &workflow_id, Duration::from_secs(30)).await?;

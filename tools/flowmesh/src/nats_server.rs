@@ -12,6 +12,22 @@ pub struct NatsServer {
     pub store_dir: PathBuf,
 }
 
+/// How often nats-server fsyncs its stream files: every second, so an OS crash or power loss
+/// takes back at most the last second of acknowledged messages (the server's default is two
+/// minutes; `always`, an fsync before each ack, cost 4-5x the throughput here: BENCHMARKS.md).
+/// `FLOWMESH_SYNC_INTERVAL` (a duration such as `2m`, or `always`) overrides it. A server
+/// started with a configuration file takes the setting from that file (`streams/nats-server.conf`
+/// says the same).
+pub const SYNC_INTERVAL: &str = "1s";
+
+/// The sync interval for servers started without a configuration file.
+fn sync_interval() -> String {
+    std::env::var("FLOWMESH_SYNC_INTERVAL")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| SYNC_INTERVAL.into())
+}
+
 /// A port that was free a moment ago (the OS picks it; we release it for the server).
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -40,8 +56,16 @@ impl NatsServer {
         };
         std::fs::create_dir_all(store_dir)?;
         let mut command = tokio::process::Command::new(&program);
-        if let Some(config) = config {
-            command.arg("-c").arg(config);
+        match config {
+            Some(config) => {
+                command.arg("-c").arg(config);
+            }
+            // The server has no flag for its sync interval: a one-line file beside the store.
+            None => {
+                let path = store_dir.join("flowmesh-sync.conf");
+                std::fs::write(&path, format!("jetstream {{ sync_interval: {:?} }}\n", sync_interval()))?;
+                command.arg("-c").arg(path);
+            }
         }
         let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
