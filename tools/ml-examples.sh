@@ -50,7 +50,8 @@ for doc in "${docs[@]}"; do
   if [ "$code" = 0 ]; then
     done_n=$((done_n + 1)); echo "completed  ${secs}s  $name"
   else
-    why=$(grep -hoE '(no_eligible_worker|executor_error|upstream_failed|spec_resolution_failed|missing_artifact)[^"]{0,160}' "$name.err" "$name.out" | head -1)
+    # The first stage failure as the watch printed it: "<stage> failed: <message> (<reason>)".
+    why=$(grep -hE ' failed: ' "$name.err" "$name.out" | head -1 | sed -E 's/^ +//' | cut -c1-240)
     echo "not done   ${secs}s  $name  ${why:-exit $code}"
   fi
 done
