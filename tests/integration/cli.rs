@@ -166,9 +166,10 @@ async fn task_logs_follow_streams_and_ends_with_the_task() -> anyhow::Result<()>
     assert!(out.status.success(), "{}", tests::output_text(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("line-two"), "{}", tests::output_text(&out));
-    // And on a task that already ended, it returns at once.
+    // And on a task that already ended, it prints the stored output and returns at once.
     let again = tokio::time::timeout(tests::DEADLINE, world.cli(&["task", "logs", &task, "--follow"])).await??;
     assert!(again.status.success(), "{}", tests::output_text(&again));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("line-one\nline-two"), "{}", tests::output_text(&again));
     world.shutdown().await;
     Ok(())
 }

@@ -859,12 +859,14 @@ async fn follow_logs(
     let events = log::events(js, subjects::workflow_events(&workflow_id), true).await?;
     futures_util::pin_mut!(events);
     let mut state = flowmesh_domain::state::State::default();
+    let mut printed_live = false;
     loop {
         tokio::select! {
             chunk = output.next() => match chunk {
                 Some(message) => {
                     std::io::stdout().write_all(&message.payload)?;
                     std::io::stdout().flush()?;
+                    printed_live |= !message.payload.is_empty();
                 }
                 None => return Ok(ExitCode::SUCCESS),
             },
@@ -875,6 +877,14 @@ async fn follow_logs(
                     if let Some(t) = state.task(id)
                         && t.status.is_terminal()
                     {
+                        // Followed too late to hear any of it live (the task ended first, or
+                        // before it printed): the stored log is the whole output.
+                        if !printed_live
+                            && let Ok(store) = js.get_object_store(subjects::ARTIFACTS_BUCKET).await
+                            && let Ok(mut reader) = store.get(subjects::artifact(id, &format!("logs/{stream}.log"))).await
+                        {
+                            tokio::io::copy(&mut reader, &mut tokio::io::stdout()).await?;
+                        }
                         eprintln!("[{id} {}]", views::status_name(t.status));
                         return Ok(if t.status == flowmesh_domain::state::TaskStatus::Completed { ExitCode::SUCCESS } else { ExitCode::from(1) });
                     }
