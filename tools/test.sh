@@ -28,8 +28,6 @@ log=$(mktemp)
 tour_log=$(mktemp)
 trap 'rm -f "$log" "$tour_log"' EXIT
 status=0
-passed=0
-failed=0
 count() { sed -nE "s/^test result: .* ([0-9]+) $1;.*/\1/p" "$log" | awk '{n += $1} END {print n + 0}'; }
 
 # `cargo test` builds only the binaries of packages with integration tests of their own; the

@@ -281,6 +281,24 @@ impl World {
         self.skipped.lock().expect("skipped lock").clone()
     }
 
+    /// A service's status (`flowmesh.<scope>.status`) once `done` holds for it, or the last one
+    /// after `DEADLINE` (for the caller's assertions to show). Services refresh it on a timer.
+    pub async fn status_when(
+        &self,
+        scope: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> anyhow::Result<serde_json::Value> {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let reply = self.client.request(subjects::status(scope), "".into()).await?;
+            let status: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+            if done(&status) || tokio::time::Instant::now() > deadline {
+                return Ok(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until `done` holds for the recorded events, or fails after `DEADLINE`.
     pub async fn wait_for(&self, what: &str, done: impl Fn(&[Event]) -> bool) -> anyhow::Result<Vec<Event>> {
         let deadline = tokio::time::Instant::now() + DEADLINE;

@@ -251,15 +251,7 @@ async fn malformed_events_are_skipped_counted_and_shown_never_a_stop() -> anyhow
 
     // The router counts them and never folds them (its status is refreshed on its tick: wait for
     // the one that has seen the whole workflow).
-    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-    let status = loop {
-        let reply = world.client.request(subjects::status("router"), "".into()).await?;
-        let status: serde_json::Value = serde_json::from_slice(&reply.payload)?;
-        if status["workflows"] == serde_json::json!(1) || tokio::time::Instant::now() > deadline {
-            break status;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = world.status_when("router", |s| s["workflows"] == serde_json::json!(1)).await?;
     assert_eq!(status["unreadable_events"], serde_json::json!(junk.len()), "{status}");
 
     // `events` shows each with its sequence and subject, and goes on to the real ones.

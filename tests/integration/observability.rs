@@ -38,14 +38,7 @@ async fn services_answer_srv_ping_and_report_their_status() -> anyhow::Result<()
         }
     };
     // The router refreshes its status on its tick: wait for the one that has seen the worker.
-    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-    let router = loop {
-        let router = ask("flowmesh.router.status").await?;
-        if router["live_workers"] == 1 || tokio::time::Instant::now() > deadline {
-            break router;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let router = world.status_when("router", |s| s["live_workers"] == 1).await?;
     assert_eq!(router["leader"], true, "{router}");
     assert_eq!(router["live_workers"], 1, "{router}");
     let worker = ask("flowmesh.worker.w1.status").await?;
@@ -53,15 +46,8 @@ async fn services_answer_srv_ping_and_report_their_status() -> anyhow::Result<()
     assert!(worker["supported_task_types"].as_array().unwrap().iter().any(|t| t == "echo"));
     world.nats_pub(&tests::example("valid/echo.yaml")).await?;
     world.wait_workflow_end("wf-1").await?;
-    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-    let validator = loop {
-        // Counted once the verdict's submission is acked, just after the verdict is stored.
-        let validator = ask("flowmesh.validator.status").await?;
-        if validator["verdicts"] == 1 || tokio::time::Instant::now() > deadline {
-            break validator;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    // Counted once the verdict's submission is acked, just after the verdict is stored.
+    let validator = world.status_when("validator", |s| s["verdicts"] == 1).await?;
     assert_eq!(validator["verdicts"], 1, "{validator}");
 
     let stats = world.client.request("$SRV.STATS.flowmesh-validator", "".into()).await?;

@@ -199,16 +199,7 @@ impl Action {
                 let listener = login(world, "admin").await.map_err(text)?;
                 let mut heard = listener.client.subscribe(subject.clone()).await.map_err(text)?;
                 listener.client.flush().await.map_err(text)?;
-                // Sent again until heard: on a loaded machine one delivery may take a while.
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-                while tokio::time::Instant::now() < deadline {
-                    me.client.publish(subject.clone(), "{}".into()).await.map_err(text)?;
-                    me.client.flush().await.map_err(text)?;
-                    if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(250), heard.next()).await {
-                        return Ok(());
-                    }
-                }
-                Err("the hint was not delivered within 5 s".to_owned())
+                until_heard(&me.client, &subject, &mut heard).await
             }
             HearHints => hear(me, world, &subjects::workflow_hints("wf-1"), &subjects::hint("wf-1", "wf-1-main")).await,
             WriteOwnSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "own").await,
@@ -326,15 +317,25 @@ async fn hear(me: &Login, world: &World, filter: &str, probe: &str) -> Result<()
     let mut subscription = me.client.subscribe(filter.to_owned()).await.map_err(text)?;
     me.client.flush().await.map_err(text)?;
     // The server may refuse the subscription after it was sent: publish until heard or refused.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    until_heard(&world.client, probe, &mut subscription).await.map_err(|_| format!("nothing heard on {filter}"))
+}
+
+/// Publishes on `subject` from `publisher` again and again until `subscription` hears it (a
+/// single delivery can be slow on a loaded machine), for up to 5 s.
+async fn until_heard(
+    publisher: &async_nats::Client,
+    subject: &str,
+    subscription: &mut async_nats::Subscriber,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < deadline {
-        world.client.publish(probe.to_owned(), "probe".into()).await.map_err(text)?;
-        world.client.flush().await.map_err(text)?;
-        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), subscription.next()).await {
+        publisher.publish(subject.to_owned(), "{}".into()).await.map_err(text)?;
+        publisher.flush().await.map_err(text)?;
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(250), subscription.next()).await {
             return Ok(());
         }
     }
-    Err(format!("nothing heard on {filter}"))
+    Err(format!("nothing published on {subject} was delivered within 5 s"))
 }
 
 /// Messages the cells read, stored by the admin before the matrix runs.

@@ -504,7 +504,6 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     );
     // Opened once the start is sent (or known not to be): updates come after it.
     let (start_gate, start_gate_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut start_gate = Some(start_gate);
     let (trigger, cancel) = shutdown::channel();
     let trigger = Arc::new(trigger);
     let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -575,14 +574,12 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     let early = tokio::time::timeout(START_REPORT_DELAY, &mut outcome).await;
     let (outcome, start_reported) = match early {
         Ok(Ok(result)) => {
-            start_gate.take();
+            drop(start_gate);
             (Ok(result), false)
         }
         early => {
             let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
-            if let Some(gate) = start_gate.take() {
-                let _ = gate.send(());
-            }
+            let _ = start_gate.send(());
             let start_stored = async {
                 match start {
                     Some(start) => start.stored(&shared.handles.js).await.is_ok(),
@@ -846,24 +843,22 @@ async fn store_results(
     dirs: Option<(&Path, &Path)>,
     result: &Value,
 ) -> Result<Stored, StoreError> {
+    let inline = serde_json::to_vec(result).is_ok_and(|b| b.len() <= INLINE_RESULT_BYTES);
+    if dirs.is_none() && inline {
+        return Ok(Stored { inline, result_object: None, artifacts: Vec::new() });
+    }
     let bytes = serde_json::to_vec_pretty(result).expect("results serialize");
-    let inline = serde_json::to_vec(result).map(|b| b.len() <= INLINE_RESULT_BYTES).unwrap_or(false);
+    if let Some((work_dir, _)) = dirs {
+        let results_path = work_dir.join("results.json");
+        std::fs::write(&results_path, &bytes)
+            .map_err(|e| StoreError::Upload(format!("writing {}: {e}", results_path.display())))?;
+    }
     let result_object = subjects::artifact(&order.task_id, "results.json");
-    let Some((work_dir, output_dir)) = dirs else {
-        if inline {
-            return Ok(Stored { inline, result_object: None, artifacts: Vec::new() });
-        }
-        let (size, digest) =
-            put_object(shared, &result_object, Source::Bytes(&bytes)).await.map_err(StoreError::Upload)?;
-        let artifact = Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest };
-        return Ok(Stored { inline, result_object: Some(result_object), artifacts: vec![artifact] });
-    };
-    let results_path = work_dir.join("results.json");
-    std::fs::write(&results_path, &bytes)
-        .map_err(|e| StoreError::Upload(format!("writing {}: {e}", results_path.display())))?;
-    let (size, digest) =
-        put_object(shared, &result_object, Source::File(&results_path)).await.map_err(StoreError::Upload)?;
+    let (size, digest) = put_object(shared, &result_object, Source::Bytes(&bytes)).await.map_err(StoreError::Upload)?;
     let mut artifacts = vec![Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest }];
+    let Some((_, output_dir)) = dirs else {
+        return Ok(Stored { inline, result_object: Some(result_object), artifacts });
+    };
     // `output.artifacts` names files or folders of the output folder; `results.json` and `logs`
     // are always stored, and `artifacts` (FlowMesh's name for "everything produced") or no list
     // at all means the whole output folder.

@@ -95,11 +95,6 @@ async fn ask(python: &str, command: &str, limit: Duration) -> Result<String, Str
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// Asks `python -m flowmesh_runners capabilities` what can run here (imports torch, TRL, …: slow).
-pub async fn discover(python: &str) -> Result<(Vec<Runner>, Vec<Unavailable>), String> {
-    parse_capabilities(python, &ask(python, "capabilities", PROBE_TIMEOUT).await?)
-}
-
 /// The file that remembers a probe's answer: named after the package's fingerprint (interpreter,
 /// search path, package versions, the package's own checks) and what the package cannot see from
 /// there (`machine`: the GPUs the driver lists, `CUDA_VISIBLE_DEVICES`).
