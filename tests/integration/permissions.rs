@@ -205,20 +205,8 @@ impl Action {
             WriteOwnSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "own").await,
             WriteOtherSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "other").await,
             // `Nats-Rollup: all` on a key one may write would purge every other key of the bucket.
-            RollUpFleet => {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Rollup", "all");
-                let subject = format!("$KV.{}.own", subjects::WORKERS_BUCKET);
-                let ack = me.js.publish_with_headers(subject, headers, "{}".into()).await.map_err(text)?;
-                ack.await.map(drop).map_err(text)
-            }
-            RollUpArtifacts => {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Rollup", "all");
-                let subject = format!("$O.{}.C.matrix", subjects::ARTIFACTS_BUCKET);
-                let ack = me.js.publish_with_headers(subject, headers, "{}".into()).await.map_err(text)?;
-                ack.await.map(drop).map_err(text)
-            }
+            RollUpFleet => roll_up(&me.js, format!("$KV.{}.own", subjects::WORKERS_BUCKET)).await,
+            RollUpArtifacts => roll_up(&me.js, format!("$O.{}.C.matrix", subjects::ARTIFACTS_BUCKET)).await,
             TakeRouterLease => kv_put(&me.js, subjects::CONTROL_BUCKET, "router-leader").await,
             ReadSubmission => read(&me.js, subjects::SUBMISSIONS_STREAM, seeds.submission).await,
             ReadWorkOrder => read(&me.js, subjects::WORK_STREAM, seeds.work_order).await,
@@ -318,6 +306,15 @@ async fn hear(me: &Login, world: &World, filter: &str, probe: &str) -> Result<()
     me.client.flush().await.map_err(text)?;
     // The server may refuse the subscription after it was sent: publish until heard or refused.
     until_heard(&world.client, probe, &mut subscription).await.map_err(|_| format!("nothing heard on {filter}"))
+}
+
+/// A message with `Nats-Rollup: all` on `subject`: on a subject one may write, it would purge
+/// every other message of the stream.
+async fn roll_up(js: &jetstream::Context, subject: String) -> Result<(), String> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Rollup", "all");
+    let ack = js.publish_with_headers(subject, headers, "{}".into()).await.map_err(text)?;
+    ack.await.map(drop).map_err(text)
 }
 
 /// Publishes on `subject` from `publisher` again and again until `subscription` hears it (a
