@@ -1,5 +1,6 @@
 //! Integration scenarios against a real nats-server.
 
+mod artifacts;
 mod bench;
 mod binaries;
 mod chaos;

@@ -71,8 +71,13 @@ enum Action {
     ReadLogMessage,
     FollowLog,
     StoreArtifact,
+    CreateOwnStore,
+    StoreInOwnStore,
+    StoreInOthersStore,
     FetchArtifact,
+    FetchFromOthersStore,
     PurgeArtifacts,
+    PurgeOwnStore,
     PurgeLog,
     DeleteLogMessage,
     DeleteConsumer,
@@ -83,6 +88,7 @@ enum Action {
     ReadAlicesInbox,
     RollUpFleet,
     RollUpArtifacts,
+    RollUpOthersStore,
 }
 
 use Action::*;
@@ -107,9 +113,16 @@ const MATRIX: &[(Action, &[&str])] = &[
     (ReadWorkOrder, &["worker", "router", "admin"]),
     (ReadLogMessage, &["submitter", "alice", "worker", "worker-own", "validator", "router", "admin"]),
     (FollowLog, &["submitter", "alice", "worker", "worker-own", "router", "admin"]),
-    (StoreArtifact, &["worker", "worker-own", "admin"]),
+    // A per-worker user stores files only in its own store (`flowmesh_artifacts_own`); the shared
+    // worker user, one identity for all workers, only in the shared one.
+    (StoreArtifact, &["worker", "admin"]),
+    (CreateOwnStore, &["worker-own", "admin"]),
+    (StoreInOwnStore, &["worker-own", "admin"]),
+    (StoreInOthersStore, &["admin"]),
     (FetchArtifact, &["submitter", "alice", "worker", "worker-own", "admin"]),
+    (FetchFromOthersStore, &["submitter", "alice", "worker", "worker-own", "admin"]),
     (PurgeArtifacts, &["admin"]),
+    (PurgeOwnStore, &["worker-own", "admin"]),
     (PurgeLog, &["admin"]),
     (DeleteLogMessage, &["admin"]),
     (DeleteConsumer, &["admin"]),
@@ -122,14 +135,21 @@ const MATRIX: &[(Action, &[&str])] = &[
     // (`allow_rollup: false` in its definition), those who may write it included.
     (RollUpFleet, &[]),
     (RollUpArtifacts, &["admin"]),
+    (RollUpOthersStore, &["admin"]),
 ];
 
 /// Cells where the server allows what the policy forbids. Permissions see subjects, not headers,
 /// and a stream that takes rollups (an object store does: its metadata uses `Nats-Rollup: sub`)
-/// also takes `Nats-Rollup: all` from anyone who may write one of its subjects: a worker can
-/// empty the artifact store. (The fleet bucket takes no rollups at all: `RollUpFleet`.) Each gap is
-/// asserted to be still open, so whoever closes one must remove it here (ARCHITECTURE.md, "Roles").
-const KNOWN_GAPS: &[(Action, &str)] = &[(RollUpArtifacts, "worker"), (RollUpArtifacts, "worker-own")];
+/// also takes `Nats-Rollup: all` from anyone who may write one of its subjects: the shared worker
+/// user can empty the shared artifact store. A per-worker user writes only its own store, so it
+/// can empty only that (`RollUpOthersStore` is refused). (The fleet bucket takes no rollups at
+/// all: `RollUpFleet`.) Each gap is asserted to be still open, so whoever closes one must remove
+/// it here (ARCHITECTURE.md, "Roles").
+const KNOWN_GAPS: &[(Action, &str)] = &[(RollUpArtifacts, "worker")];
+
+/// The own store of the matrix's per-worker user, and another worker's.
+const OWN_STORE: &str = "flowmesh_artifacts_own";
+const OTHERS_STORE: &str = "flowmesh_artifacts_other";
 
 /// The scratch stream `CreateStream` makes and `DeleteStream` removes (admin's only).
 const SCRATCH: &str = "FLOWMESH_BENCH_RAW_matrix";
@@ -159,15 +179,21 @@ impl Action {
             WriteOwnSnapshot => "$KV.flowmesh_workers.own",
             WriteOtherSnapshot => "$KV.flowmesh_workers.other",
             RollUpFleet => "$KV.flowmesh_workers",
-            RollUpArtifacts => "$O.flowmesh_artifacts",
+            RollUpArtifacts => "$O.flowmesh_artifacts.",
             TakeRouterLease => "$KV.flowmesh_control.router-leader",
             ReadSubmission => "FLOWMESH_SUBMISSIONS",
             ReadWorkOrder => "FLOWMESH_WORK",
             ReadLogMessage => "FLOWMESH_EVENTS",
             FollowLog => "CONSUMER.CREATE.FLOWMESH_EVENTS",
-            StoreArtifact => "$O.flowmesh_artifacts",
+            StoreArtifact => "$O.flowmesh_artifacts.",
+            CreateOwnStore => "STREAM.CREATE.OBJ_flowmesh_artifacts_own",
+            StoreInOwnStore => "$O.flowmesh_artifacts_own",
+            StoreInOthersStore => "$O.flowmesh_artifacts_other",
             FetchArtifact => "OBJ_flowmesh_artifacts",
+            FetchFromOthersStore => "OBJ_flowmesh_artifacts_other",
             PurgeArtifacts => "STREAM.PURGE.OBJ_flowmesh_artifacts",
+            PurgeOwnStore => "STREAM.PURGE.OBJ_flowmesh_artifacts_own",
+            RollUpOthersStore => "$O.flowmesh_artifacts_other",
             PurgeLog => "STREAM.PURGE.FLOWMESH_EVENTS",
             DeleteLogMessage => "STREAM.MSG.DELETE.FLOWMESH_EVENTS",
             DeleteConsumer => "CONSUMER.DELETE.FLOWMESH_EVENTS",
@@ -207,29 +233,22 @@ impl Action {
             // `Nats-Rollup: all` on a key one may write would purge every other key of the bucket.
             RollUpFleet => roll_up(&me.js, format!("$KV.{}.own", subjects::WORKERS_BUCKET)).await,
             RollUpArtifacts => roll_up(&me.js, format!("$O.{}.C.matrix", subjects::ARTIFACTS_BUCKET)).await,
+            RollUpOthersStore => roll_up(&me.js, format!("$O.{OTHERS_STORE}.C.matrix")).await,
             TakeRouterLease => kv_put(&me.js, subjects::CONTROL_BUCKET, "router-leader").await,
             ReadSubmission => read(&me.js, subjects::SUBMISSIONS_STREAM, seeds.submission).await,
             ReadWorkOrder => read(&me.js, subjects::WORK_STREAM, seeds.work_order).await,
             ReadLogMessage => read(&me.js, subjects::EVENTS_STREAM, 1).await,
             FollowLog => follow(&me.js).await,
-            StoreArtifact => {
-                let store = me.js.get_object_store(subjects::ARTIFACTS_BUCKET).await.map_err(text)?;
-                let mut data: &[u8] = b"made by the matrix";
-                store.put(format!("wf-1-main/matrix-{user}.txt").as_str(), &mut data).await.map(drop).map_err(text)
-            }
-            FetchArtifact => {
-                let store = me.js.get_object_store(subjects::ARTIFACTS_BUCKET).await.map_err(text)?;
-                let mut object = store.get(&seeds.artifact).await.map_err(text)?;
-                let mut bytes = Vec::new();
-                tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await.map_err(text)?;
-                if bytes == b"seeded" { Ok(()) } else { Err(format!("read {bytes:?}")) }
-            }
-            PurgeArtifacts => {
-                let stream =
-                    me.js.get_stream_no_info(format!("OBJ_{}", subjects::ARTIFACTS_BUCKET)).await.map_err(text)?;
-                // A filter that matches nothing: the permission is on the request, not on what it purges.
-                stream.purge().filter("$O.flowmesh_artifacts.C.nothing").await.map(drop).map_err(text)
-            }
+            StoreArtifact => put_object(&me.js, subjects::ARTIFACTS_BUCKET, user).await,
+            // As a worker makes its store at start (another allowed user may have made it first:
+            // creating one of the same settings again succeeds).
+            CreateOwnStore => flowmesh_nats::artifacts::create_bucket(&me.js, OWN_STORE).await.map(drop).map_err(text),
+            StoreInOwnStore => put_object(&me.js, OWN_STORE, user).await,
+            StoreInOthersStore => put_object(&me.js, OTHERS_STORE, user).await,
+            FetchArtifact => fetch(&me.js, subjects::ARTIFACTS_BUCKET, &seeds.artifact).await,
+            FetchFromOthersStore => fetch(&me.js, OTHERS_STORE, &seeds.artifact).await,
+            PurgeArtifacts => purge_store(&me.js, subjects::ARTIFACTS_BUCKET).await,
+            PurgeOwnStore => purge_store(&me.js, OWN_STORE).await,
             PurgeLog => {
                 let stream = me.js.get_stream_no_info(subjects::EVENTS_STREAM).await.map_err(text)?;
                 stream.purge().filter(subjects::event("nothing.>")).await.map(drop).map_err(text)
@@ -264,6 +283,26 @@ impl Action {
 
 fn text(e: impl std::fmt::Display) -> String {
     e.to_string()
+}
+
+async fn put_object(js: &jetstream::Context, bucket: &str, user: &str) -> Result<(), String> {
+    let store = js.get_object_store(bucket).await.map_err(text)?;
+    let mut data: &[u8] = b"made by the matrix";
+    store.put(format!("wf-1-main/matrix-{user}.txt").as_str(), &mut data).await.map(drop).map_err(text)
+}
+
+async fn fetch(js: &jetstream::Context, bucket: &str, name: &str) -> Result<(), String> {
+    let store = js.get_object_store(bucket).await.map_err(text)?;
+    let mut object = store.get(name).await.map_err(text)?;
+    let mut bytes = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await.map_err(text)?;
+    if bytes == b"seeded" { Ok(()) } else { Err(format!("read {bytes:?}")) }
+}
+
+async fn purge_store(js: &jetstream::Context, bucket: &str) -> Result<(), String> {
+    let stream = js.get_stream_no_info(subjects::object_stream(bucket)).await.map_err(text)?;
+    // A filter that matches nothing: the permission is on the request, not on what it purges.
+    stream.purge().filter(format!("$O.{bucket}.C.nothing")).await.map(drop).map_err(text)
 }
 
 /// Publishes with JetStream and waits for the stream's ack.
@@ -353,6 +392,9 @@ async fn seed(world: &World) -> anyhow::Result<Seeds> {
     let artifact = "wf-1-main/results.json".to_owned();
     let mut data: &[u8] = b"seeded";
     world.handles.artifacts.put(artifact.as_str(), &mut data).await?;
+    // Another worker's store, made as that worker would make it; the matrix's own is made by a cell.
+    let mut data: &[u8] = b"seeded";
+    flowmesh_nats::artifacts::ensure_bucket(js, OTHERS_STORE).await?.put(artifact.as_str(), &mut data).await?;
     js.get_stream(subjects::EVENTS_STREAM)
         .await?
         .create_consumer(consumer::pull::Config { durable_name: Some("victim".to_owned()), ..Default::default() })
@@ -410,11 +452,15 @@ async fn cell(
 
 #[tokio::test]
 async fn every_role_may_do_exactly_its_cells_of_the_matrix() -> anyhow::Result<()> {
-    let config = flowmesh_nats::auth::server_config(&["own".to_owned()], &["alice".to_owned()])
+    let config = flowmesh_nats::auth::server_config(&["own".to_owned(), "other".to_owned()], &["alice".to_owned()])
         .map_err(|e| anyhow::anyhow!(e))?;
     let world = World::start_secured_with(
         &config,
-        &[("FLOWMESH_WORKER_OWN_PASSWORD", "own-secret"), ("FLOWMESH_SUBMITTER_ALICE_PASSWORD", "alice-secret")],
+        &[
+            ("FLOWMESH_WORKER_OWN_PASSWORD", "own-secret"),
+            ("FLOWMESH_WORKER_OTHER_PASSWORD", "other-secret"),
+            ("FLOWMESH_SUBMITTER_ALICE_PASSWORD", "alice-secret"),
+        ],
     )
     .await?;
     let seeds = seed(&world).await?;

@@ -44,6 +44,8 @@ async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
             worker[0],
             worker[1],
             ("WORKER_ID", "sw"),
+            // The shared worker user has no store of its own (no identity of its own).
+            ("WORKER_ARTIFACTS_BUCKET", flowmesh_nats::subjects::ARTIFACTS_BUCKET),
             ("RESULTS_DIR", results.to_str().unwrap()),
             ("HEARTBEAT_INTERVAL_SEC", "1"),
         ],

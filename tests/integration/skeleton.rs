@@ -59,9 +59,13 @@ async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
     assert_eq!(completed.result_object, None);
     assert!(completed.artifacts.is_empty(), "{:?}", completed.artifacts);
     assert!(!world.dir.path().join("results/w1").join(&task_id).exists(), "an echo made a task folder");
-    let store = world.handles.js.get_object_store(flowmesh_nats::subjects::ARTIFACTS_BUCKET).await?;
-    let stored = futures_util::StreamExt::collect::<Vec<_>>(store.list().await?).await;
-    assert!(stored.is_empty(), "an echo stored objects: {}", stored.len());
+    for bucket in
+        [flowmesh_nats::subjects::artifacts_bucket("w1"), flowmesh_nats::subjects::ARTIFACTS_BUCKET.to_owned()]
+    {
+        let store = world.handles.js.get_object_store(&bucket).await?;
+        let stored = futures_util::StreamExt::collect::<Vec<_>>(store.list().await?).await;
+        assert!(stored.is_empty(), "an echo stored objects in {bucket}: {}", stored.len());
+    }
 
     // Fetching it writes the inline result as results.json, and says it was not downloaded.
     let out = world.dir.path().join("fetched");

@@ -45,8 +45,13 @@ pub struct Artifact {
     pub name: String,
     pub object: String,
     pub size: u64,
-    /// `SHA-256=<base64url>` as the object store records it.
+    /// `SHA-256=<base64url>` as the object store records it. Readers check the bytes they fetch
+    /// against this digest, the one the producing worker reported, not the store's own record.
     pub digest: String,
+    /// The object store that holds it: the producing worker's own (`flowmesh_artifacts_<worker>`,
+    /// which only that worker may write), or `None` for the shared `flowmesh_artifacts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -60,8 +60,15 @@ pub fn server_config(worker_ids: &[String], submitters: &[String]) -> Result<Str
         variables.push(variable);
         users_seen.push(user);
     }
-    let worker = role("WORKER")?;
-    let submitter = role("SUBMITTER")?;
+    // Every role that reads the shared artifacts store reads each worker's own store too.
+    let buckets: Vec<String> = worker_ids.iter().map(|id| subjects::artifacts_bucket(id)).collect();
+    let mut config = SERVER_CONFIG.to_owned();
+    for name in ["SUBMITTER", "WORKER", "ROUTER"] {
+        let shipped = role(name)?;
+        config = config.replacen(&shipped, &reading_every_store(&shipped, &buckets), 1);
+    }
+    let worker = reading_every_store(&role("WORKER")?, &buckets);
+    let submitter = reading_every_store(&role("SUBMITTER")?, &buckets);
     let mut blocks = String::new();
     let mut users = String::new();
     for id in worker_ids {
@@ -86,14 +93,9 @@ pub fn server_config(worker_ids: &[String], submitters: &[String]) -> Result<Str
             submitter_password_variable(user)
         );
     }
-    let users_at = SERVER_CONFIG.find("  users = [").ok_or("streams/nats-server.conf has no users list")?;
-    let marker_at = SERVER_CONFIG.find(USERS_MARKER).ok_or("streams/nats-server.conf has no per-worker marker")?;
-    Ok(format!(
-        "{}{blocks}{}{users}{}",
-        &SERVER_CONFIG[..users_at],
-        &SERVER_CONFIG[users_at..marker_at],
-        &SERVER_CONFIG[marker_at..]
-    ))
+    let users_at = config.find("  users = [").ok_or("streams/nats-server.conf has no users list")?;
+    let marker_at = config.find(USERS_MARKER).ok_or("streams/nats-server.conf has no per-worker marker")?;
+    Ok(format!("{}{blocks}{}{users}{}", &config[..users_at], &config[users_at..marker_at], &config[marker_at..]))
 }
 
 /// The text of a role's block, from `{` to its closing `}`.
@@ -103,6 +105,26 @@ fn role(name: &str) -> Result<String, String> {
     let body = &SERVER_CONFIG[start + format!("  {name} = ").len()..];
     let end = body.find("\n  }\n").ok_or(format!("the {name} role does not end with '  }}'"))?;
     Ok(body[..end + "\n  }".len()].to_owned())
+}
+
+/// `role` with each subject that reads the shared artifacts store (`…OBJ_flowmesh_artifacts`,
+/// `…OBJ_flowmesh_artifacts.>`) followed by the same subject for each of `buckets`.
+fn reading_every_store(role: &str, buckets: &[String]) -> String {
+    let shared = subjects::object_stream(subjects::ARTIFACTS_BUCKET);
+    let mut out = String::new();
+    for line in role.split_inclusive('\n') {
+        out += line;
+        let subject = line.trim().trim_matches('"');
+        let reads_shared = line.trim().starts_with('"')
+            && subject.starts_with("$JS.API.")
+            && (subject.ends_with(&shared) || subject.contains(&format!("{shared}.")));
+        if reads_shared {
+            for bucket in buckets {
+                out += &line.replace(&shared, &subjects::object_stream(bucket));
+            }
+        }
+    }
+    out
 }
 
 /// The WORKER role with every subject that reaches any worker's work or keys replaced by those
@@ -127,6 +149,16 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
         (format!("$JS.API.DIRECT.GET.{work}"), vec![]),
         (format!("$JS.API.DIRECT.GET.{work}.>"), vec![]),
         (subjects::inbox("worker"), vec![subjects::inbox(&worker_user(id))]),
+        // Its files only in its own store, which it creates (and may purge: an object stored
+        // again leaves old chunks behind); no write to the shared store or another worker's.
+        (
+            format!("$O.{}.>", subjects::ARTIFACTS_BUCKET),
+            vec![
+                format!("$O.{}.>", subjects::artifacts_bucket(id)),
+                format!("$JS.API.STREAM.CREATE.{}", subjects::object_stream(&subjects::artifacts_bucket(id))),
+                format!("$JS.API.STREAM.PURGE.{}", subjects::object_stream(&subjects::artifacts_bucket(id))),
+            ],
+        ),
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
         (subjects::prewarm("*"), vec![subjects::prewarm(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
@@ -212,11 +244,34 @@ mod tests {
             "flowmesh.worker.*.status",
             "task.completed.*",
             "task.started.*",
-            "cpu_2",
+            // Nothing of the other worker's but reading its store.
+            "workers.cpu_2",
+            "work.cpu_2",
+            "FLOWMESH_WORK.worker-cpu_2",
+            "control.cpu_2",
+            "task.completed.cpu_2",
+            "worker-cpu_2.>",
+            "$O.flowmesh_artifacts_cpu_2",
+            "STREAM.CREATE.OBJ_flowmesh_artifacts_cpu_2",
+            "PURGE.OBJ_flowmesh_artifacts_cpu_2",
         ] {
             assert!(!block.contains(wide), "{wide} left in\n{block}");
         }
         assert!(block.contains("\"$JS.API.STREAM.MSG.GET.OBJ_flowmesh_artifacts\""), "{block}");
+        // Its files go to its own store only; it reads every worker's (upstream inputs).
+        assert!(block.contains("\"$O.flowmesh_artifacts_gpu-1.>\""), "{block}");
+        assert!(block.contains("\"$JS.API.STREAM.CREATE.OBJ_flowmesh_artifacts_gpu-1\""), "{block}");
+        assert!(
+            !block.contains("\"$O.flowmesh_artifacts.>\"") && !block.contains("$O.flowmesh_artifacts_cpu_2"),
+            "{block}"
+        );
+        assert!(block.contains("\"$JS.API.CONSUMER.CREATE.OBJ_flowmesh_artifacts_cpu_2.>\""), "{block}");
+        assert!(block.contains("\"$JS.API.DIRECT.GET.OBJ_flowmesh_artifacts_cpu_2\""), "{block}");
+        // The shipped roles read every worker's store too; the shared worker still writes the shared one.
+        let submitter = &config[config.find("  SUBMITTER = {").unwrap()..];
+        let submitter = &submitter[..submitter.find("\n  }").unwrap()];
+        assert!(submitter.contains("\"$JS.API.CONSUMER.MSG.NEXT.OBJ_flowmesh_artifacts_gpu-1.>\""), "{submitter}");
+        assert!(!submitter.contains("$O.flowmesh_artifacts"), "{submitter}");
         assert!(!block.contains("MSG.GET.FLOWMESH_WORK"), "{block}");
         // The shared roles are still there, unchanged.
         assert!(
@@ -235,6 +290,9 @@ mod tests {
         let block = &block[..block.find("\n  }").unwrap()];
         assert!(block.contains("\"_INBOX_alice.>\"") && !block.contains("_INBOX_submitter"), "{block}");
         assert!(block.contains("\"flowmesh.submit\""), "{block}");
+        let both = server_config(&ids(&["gpu-1"]), &ids(&["alice"])).unwrap();
+        let block = &both[both.find("SUBMITTER_ALICE = {").unwrap()..];
+        assert!(block.contains("\"$JS.API.STREAM.MSG.GET.OBJ_flowmesh_artifacts_gpu-1\""), "{block}");
         let clash = server_config(&[], &ids(&["router"])).unwrap_err();
         assert!(clash.contains("already in the file"), "{clash}");
     }

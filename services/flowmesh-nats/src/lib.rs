@@ -1,6 +1,7 @@
 //! The NATS edge: subjects, stream and bucket definitions from `streams/`, publishing with
 //! deterministic ids, and the small helpers every service shares.
 
+pub mod artifacts;
 pub mod auth;
 pub mod cli;
 pub mod clock;

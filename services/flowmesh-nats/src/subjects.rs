@@ -20,6 +20,17 @@ pub const CONTROL_BUCKET: &str = "flowmesh_control";
 /// Names of the temporary streams of `flowmesh bench --raw`, deleted when the measurement ends.
 pub const BENCH_RAW_STREAM_PREFIX: &str = "FLOWMESH_BENCH_RAW_";
 
+/// A worker's own object store: `flowmesh_artifacts_<worker_id>`, written by that worker only
+/// (`ARTIFACTS_BUCKET` is the one workers sharing a NATS user share).
+pub fn artifacts_bucket(worker_id: &str) -> String {
+    format!("{ARTIFACTS_BUCKET}_{worker_id}")
+}
+
+/// The stream behind object store `bucket`.
+pub fn object_stream(bucket: &str) -> String {
+    format!("OBJ_{bucket}")
+}
+
 /// Every stream FlowMesh stores messages in: its streams, and those behind its buckets and
 /// object store.
 pub fn all_streams() -> [String; 6] {
@@ -29,7 +40,7 @@ pub fn all_streams() -> [String; 6] {
         WORK_STREAM.to_owned(),
         format!("KV_{WORKERS_BUCKET}"),
         format!("KV_{CONTROL_BUCKET}"),
-        format!("OBJ_{ARTIFACTS_BUCKET}"),
+        object_stream(ARTIFACTS_BUCKET),
     ]
 }
 

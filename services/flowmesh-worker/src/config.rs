@@ -72,6 +72,11 @@ pub struct WorkerArgs {
     /// Seconds in-flight tasks get to finish on SIGTERM before they are handed back.
     #[arg(long, env = "WORKER_DRAIN_GRACE_SEC", default_value = "30", allow_hyphen_values = true)]
     pub worker_drain_grace_sec: String,
+    /// The object store for this worker's results, logs and artifacts. Default: its own,
+    /// `flowmesh_artifacts_<WORKER_ID>` (created at start; only this worker may write it). Workers
+    /// that share one NATS user (no identity of their own) set the shared `flowmesh_artifacts`.
+    #[arg(long, env = "WORKER_ARTIFACTS_BUCKET")]
+    pub worker_artifacts_bucket: Option<String>,
 }
 
 /// The validated configuration.
@@ -99,6 +104,8 @@ pub struct Config {
     pub ack_wait: Duration,
     /// Where warm models are found (`warm::scan`); `None` advertises none.
     pub model_cache: Option<PathBuf>,
+    /// The object store its tasks' files go to (`subjects::artifacts_bucket` by default).
+    pub artifacts_bucket: String,
 }
 
 impl Config {
@@ -125,6 +132,7 @@ impl Config {
             drain_grace: Duration::from_secs(5),
             ack_wait: Duration::from_secs(30),
             model_cache: None,
+            artifacts_bucket: flowmesh_nats::subjects::artifacts_bucket(worker_id),
         }
     }
 }
@@ -234,7 +242,6 @@ impl WorkerArgs {
         let drain_grace = positive_int("WORKER_DRAIN_GRACE_SEC", &self.worker_drain_grace_sec)?;
         let ack_wait = positive_int("WORKER_ACK_WAIT_SEC", &self.worker_ack_wait_sec)?;
         Ok(Config {
-            worker_id,
             tags: self.worker_tags.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect(),
             heartbeat_interval: Duration::from_secs(interval),
             ttl: Duration::from_secs(ttl),
@@ -269,6 +276,17 @@ impl WorkerArgs {
                 .clone()
                 .filter(|p| !p.as_os_str().is_empty())
                 .or_else(crate::warm::default_dir),
+            artifacts_bucket: match self.worker_artifacts_bucket.as_deref().map(str::trim) {
+                None | Some("") => flowmesh_nats::subjects::artifacts_bucket(&worker_id),
+                Some(bucket) if ids::is_valid_worker_id(bucket) => bucket.to_owned(),
+                Some(bucket) => {
+                    return Err(bad(
+                        "WORKER_ARTIFACTS_BUCKET",
+                        format!("{bucket:?} is not a bucket name (letters, digits, '-' and '_')"),
+                    ));
+                }
+            },
+            worker_id,
         })
     }
 }

@@ -55,6 +55,10 @@ struct Shared {
     /// What `flowmesh.worker.status` answers: the latest snapshot.
     status: flowmesh_nats::status::Status,
     handles: Handles,
+    /// This worker's object store (`Config::artifacts_bucket`): every file it stores goes there.
+    artifacts: async_nats::jetstream::object_store::ObjectStore,
+    /// The stores it reads upstream files from (any worker's).
+    inputs: flowmesh_nats::artifacts::Stores,
     /// Built at start: echo, python, ssh, plugins.
     executors: Vec<Executor>,
     /// The ML runners: an `initialising` entry until the background probe answers, then what
@@ -268,6 +272,7 @@ pub async fn run(
         warn!("some of SSH_MAX_CPU, SSH_MAX_MEMORY, SSH_MAX_PIDS are unset: ssh containers are unbounded there");
     }
     std::fs::create_dir_all(&config.results_dir)?;
+    let artifacts = flowmesh_nats::artifacts::ensure_bucket(&handles.js, &config.artifacts_bucket).await?;
     let journal = Journal::open(&config.results_dir.join(".journal").join(&config.worker_id))?;
     let status = flowmesh_nats::status::Status::default();
     let (give_up, abandon) = shutdown::channel();
@@ -275,6 +280,8 @@ pub async fn run(
         status: status.clone(),
         client: client.clone(),
         handles: handles.clone(),
+        artifacts,
+        inputs: flowmesh_nats::artifacts::Stores::new(&handles.js),
         executors,
         runners: std::sync::RwLock::new(Arc::new(
             config.runners_python.as_deref().map(runner::initialising).into_iter().collect(),
@@ -709,19 +716,11 @@ async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Re
             if artifact.name.split('/').any(|p| p == ".." || p.is_empty()) {
                 return Err(ExecError::Permanent(format!("upstream artifact {:?} has an unsafe name", artifact.name)));
             }
-            let mut reader = shared
-                .handles
-                .artifacts
-                .get(&artifact.object)
+            let bytes = shared
+                .inputs
+                .fetch(artifact)
                 .await
-                .map_err(|e| ExecError::Retryable(format!("fetching input {}: {e}", artifact.object)))?;
-            let mut bytes = Vec::new();
-            tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes)
-                .await
-                .map_err(|e| ExecError::Retryable(format!("reading input {}: {e}", artifact.object)))?;
-            if flowmesh_nats::digest::sha256(&bytes) != artifact.digest {
-                return Err(ExecError::Retryable(format!("input {} does not match its digest", artifact.object)));
-            }
+                .map_err(|e| ExecError::Retryable(format!("fetching input {}: {e}", artifact.name)))?;
             let path = dir.join(&artifact.name);
             if let Some(parent) = path.parent() {
                 let _ = std::fs::create_dir_all(parent);
@@ -855,7 +854,14 @@ async fn store_results(
     }
     let result_object = subjects::artifact(&order.task_id, "results.json");
     let (size, digest) = put_object(shared, &result_object, Source::Bytes(&bytes)).await.map_err(StoreError::Upload)?;
-    let mut artifacts = vec![Artifact { name: "results.json".to_owned(), object: result_object.clone(), size, digest }];
+    let bucket = Some(shared.config.artifacts_bucket.clone());
+    let mut artifacts = vec![Artifact {
+        name: "results.json".to_owned(),
+        object: result_object.clone(),
+        size,
+        digest,
+        bucket: bucket.clone(),
+    }];
     let Some((_, output_dir)) = dirs else {
         return Ok(Stored { inline, result_object: Some(result_object), artifacts });
     };
@@ -889,7 +895,7 @@ async fn store_results(
     for (name, path) in files {
         let object = subjects::artifact(&order.task_id, &name);
         let (size, digest) = put_object(shared, &object, Source::File(&path)).await.map_err(StoreError::Upload)?;
-        artifacts.push(Artifact { name, object, size, digest });
+        artifacts.push(Artifact { name, object, size, digest, bucket: bucket.clone() });
     }
     Ok(Stored { inline, result_object: Some(result_object), artifacts })
 }
@@ -913,9 +919,9 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
                     Ok(f) => f,
                     Err(e) => return Err(format!("reading {}: {e}", path.display())),
                 };
-                shared.handles.artifacts.put(name, &mut file).await
+                shared.artifacts.put(name, &mut file).await
             }
-            Source::Bytes(mut bytes) => shared.handles.artifacts.put(name, &mut bytes).await,
+            Source::Bytes(mut bytes) => shared.artifacts.put(name, &mut bytes).await,
         };
         match stored {
             Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
@@ -923,7 +929,7 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
             // only the old chunks stay behind, since no role but the admin may purge.
             Err(e) if e.kind() == async_nats::jetstream::object_store::PutErrorKind::PurgeOldChunks => {
                 tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until an admin compacts");
-                match shared.handles.artifacts.info(name).await {
+                match shared.artifacts.info(name).await {
                     Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
                     Err(e) => last = e.to_string(),
                 }
@@ -931,7 +937,7 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
             Err(e) => last = e.to_string(),
         }
     }
-    Err(format!("storing {name} in {}: {last}", subjects::ARTIFACTS_BUCKET))
+    Err(format!("storing {name} in {}: {last}", shared.config.artifacts_bucket))
 }
 
 /// Every file under `dir`, named by its path relative to `dir`, in a stable order.

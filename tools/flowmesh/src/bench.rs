@@ -347,10 +347,10 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
 }
 
 /// The last sequence of every stream the product stores messages in (streams, buckets, the
-/// object store), by name.
+/// object stores: the shared one and each worker's), by name.
 async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
     let mut sequences = BTreeMap::new();
-    for name in subjects::all_streams() {
+    for name in flowmesh_nats::artifacts::product_streams(js).await? {
         let mut stream = js.get_stream(&name).await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?;
         let last = stream.info().await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?.state.last_sequence;
         sequences.insert(name, last);

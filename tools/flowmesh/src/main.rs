@@ -809,15 +809,13 @@ async fn task_command(nats: &NatsArgs, command: TaskCommand) -> anyhow::Result<E
             if follow {
                 return follow_logs(&client, &handles.js, &id, stream).await;
             }
-            let store = handles.js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
-            let name = subjects::artifact(&id, &format!("logs/{stream}.log"));
-            let mut reader = store.get(&name).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "no stored {stream} for {id} ({e}); a running task's output: flowmesh task logs {id} --follow"
-                )
-            })?;
-            let mut out = tokio::io::stdout();
-            tokio::io::copy(&mut reader, &mut out).await?;
+            let state = log::fold_task(&handles.js, &id).await?;
+            let task = state.task(&id).ok_or_else(|| anyhow::anyhow!("no task {id}"))?;
+            let stores = flowmesh_nats::artifacts::Stores::new(&handles.js);
+            let Some(bytes) = views::stored_log(&stores, task, stream).await? else {
+                anyhow::bail!("no stored {stream} for {id}; a running task's output: flowmesh task logs {id} --follow");
+            };
+            std::io::Write::write_all(&mut std::io::stdout(), &bytes)?;
         }
         TaskCommand::Cancel { id } => {
             let state = log::fold_task(&handles.js, &id).await?;
@@ -880,10 +878,10 @@ async fn follow_logs(
                         // Followed too late to hear any of it live (the task ended first, or
                         // before it printed): the stored log is the whole output.
                         if !printed_live
-                            && let Ok(store) = js.get_object_store(subjects::ARTIFACTS_BUCKET).await
-                            && let Ok(mut reader) = store.get(subjects::artifact(id, &format!("logs/{stream}.log"))).await
+                            && let Ok(Some(bytes)) =
+                                views::stored_log(&flowmesh_nats::artifacts::Stores::new(js), t, stream).await
                         {
-                            tokio::io::copy(&mut reader, &mut tokio::io::stdout()).await?;
+                            std::io::stdout().write_all(&bytes)?;
                         }
                         eprintln!("[{id} {}]", views::status_name(t.status));
                         return Ok(if t.status == flowmesh_domain::state::TaskStatus::Completed { ExitCode::SUCCESS } else { ExitCode::from(1) });

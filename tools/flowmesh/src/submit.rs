@@ -146,15 +146,15 @@ pub async fn results(js: &jetstream::Context, state: &State, workflow_id: &str) 
     let Some(wf) = state.workflows.get(workflow_id) else {
         return Ok(serde_json::Value::Object(out));
     };
-    let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+    let stores = flowmesh_nats::artifacts::Stores::new(js);
     for t in &wf.tasks {
         let value = match (t.status, &t.result, &t.result_object) {
             (TaskStatus::Completed, Some(result), _) => result.clone(),
             (TaskStatus::Completed, None, Some(object)) => {
-                let mut reader = store.get(object).await?;
-                let mut bytes = Vec::new();
-                tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await?;
-                serde_json::from_slice(&bytes)?
+                let artifact = t.artifacts.iter().find(|a| &a.object == object);
+                let artifact =
+                    artifact.ok_or_else(|| anyhow::anyhow!("{}: {object} is not among its files", t.def.task_id))?;
+                serde_json::from_slice(&stores.fetch(artifact).await?)?
             }
             (status, _, _) => {
                 serde_json::json!({ "status": status, "reason": t.reason, "message": t.message })

@@ -5,6 +5,7 @@ use async_nats::jetstream;
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::state::{State, TaskState, TaskStatus, WorkflowState};
 use flowmesh_domain::units::format_bytes;
+use flowmesh_nats::artifacts::{self, Stores};
 use flowmesh_nats::{clock, subjects};
 use futures_util::StreamExt;
 use std::path::Path;
@@ -177,44 +178,36 @@ pub struct Fetched {
     pub verified: bool,
 }
 
-/// Downloads a task's objects into `out`, verifying each against its SHA-256 digest. A task that
-/// stored no files (an echo) gets its inline result written as `results.json`.
+/// Downloads a task's files into `out`: each file its `task.completed` lists, checked against the
+/// digest reported there, and its logs. A task that stored no files (an echo) gets its inline
+/// result written as `results.json`; a merged task, the files of the execution it shared.
 pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -> anyhow::Result<Vec<Fetched>> {
-    let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
-    let mut list = store.list().await?;
-    let prefix = format!("{task_id}/");
+    let state = crate::log::fold_task(js, task_id).await?;
+    let task = state.task(task_id).ok_or_else(|| anyhow::anyhow!("no task {task_id}"))?;
+    if let Some(leader) = &task.merged_into {
+        return Box::pin(fetch_results(js, leader, out)).await;
+    }
+    let stores = Stores::new(js);
     let mut fetched = Vec::new();
-    while let Some(info) = list.next().await {
-        let info = info?;
-        let Some(relative) = info.name.strip_prefix(&prefix) else {
-            continue;
-        };
-        if relative.split('/').any(|p| p == ".." || p.is_empty()) {
-            anyhow::bail!("object {} has an unsafe path", info.name);
+    for artifact in &task.artifacts {
+        if artifact.name.split('/').any(|p| p == ".." || p.is_empty()) {
+            anyhow::bail!("artifact {:?} has an unsafe path", artifact.name);
         }
-        let mut reader = store.get(&info.name).await?;
-        let mut bytes = Vec::new();
-        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await?;
-        let digest = flowmesh_nats::digest::sha256(&bytes);
-        if let Some(expected) = &info.digest
-            && expected != &digest
-        {
-            anyhow::bail!("{} is corrupt: digest {digest}, expected {expected}", info.name);
+        let bytes = stores.fetch(artifact).await?;
+        write_file(&out.join(&artifact.name), &bytes)?;
+        fetched.push(Fetched { name: artifact.name.clone(), size: bytes.len() as u64, verified: true });
+    }
+    for stream in ["stdout", "stderr"] {
+        if let Some(bytes) = stored_log(&stores, task, stream).await? {
+            let name = format!("logs/{stream}.log");
+            write_file(&out.join(&name), &bytes)?;
+            fetched.push(Fetched { name, size: bytes.len() as u64, verified: true });
         }
-        write_file(&out.join(relative), &bytes)?;
-        fetched.push(Fetched { name: relative.to_owned(), size: bytes.len() as u64, verified: true });
     }
     if fetched.is_empty() {
-        let state = crate::log::fold_task(js, task_id).await?;
-        let task = state.task(task_id);
-        // A merged task's files are those of the execution it shared.
-        if let Some(leader) = task.and_then(|t| t.merged_into.clone()) {
-            return Box::pin(fetch_results(js, &leader, out)).await;
-        }
-        if let Some(t) = task
-            && t.status == TaskStatus::Completed
-            && t.result_object.is_none()
-            && let Some(result) = &t.result
+        if task.status == TaskStatus::Completed
+            && task.result_object.is_none()
+            && let Some(result) = &task.result
         {
             let bytes = serde_json::to_vec_pretty(result)?;
             write_file(&out.join("results.json"), &bytes)?;
@@ -223,6 +216,13 @@ pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -
         anyhow::bail!("no stored results for task {task_id}");
     }
     Ok(fetched)
+}
+
+/// A task's stored `stdout` or `stderr` log, from the store that holds its files (its worker's
+/// own); `None` when it has none (yet).
+pub async fn stored_log(stores: &Stores, task: &TaskState, stream: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    let buckets = artifacts::task_buckets(task.worker_id.as_deref(), &task.artifacts);
+    Ok(stores.find(&buckets, &subjects::artifact(&task.def.task_id, &format!("logs/{stream}.log"))).await?)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
@@ -244,10 +244,10 @@ pub struct StreamHealth {
     pub healthy: bool,
 }
 
-/// Leader and replicas of every FlowMesh stream, bucket and object store.
+/// Leader and replicas of every FlowMesh stream, bucket and object store (each worker's included).
 pub async fn stream_health(js: &jetstream::Context) -> anyhow::Result<Vec<StreamHealth>> {
     let mut out = Vec::new();
-    for name in subjects::all_streams() {
+    for name in flowmesh_nats::artifacts::product_streams(js).await? {
         let mut stream = js.get_stream(&name).await?;
         let info = stream.info().await?;
         let (leader, replicas) = match &info.cluster {

@@ -1,7 +1,7 @@
 //! `flowmesh workflow logs WF`: every task's captured output, in the workflow's order — the
 //! stored logs (`--download DIR` writes them to files), or live output with `--follow`.
 
-use flowmesh::log;
+use flowmesh::{log, views};
 use flowmesh_domain::state::{State, TaskState, WorkflowStatus};
 use flowmesh_nats::subjects;
 use futures_util::StreamExt;
@@ -23,20 +23,6 @@ pub struct Args {
     pub stderr: bool,
 }
 
-/// A task's stored log, or `None` when it has none (yet).
-async fn stored(
-    store: &async_nats::jetstream::object_store::ObjectStore,
-    task_id: &str,
-    stream: &str,
-) -> anyhow::Result<Option<Vec<u8>>> {
-    let Ok(mut reader) = store.get(&subjects::artifact(task_id, &format!("logs/{stream}.log"))).await else {
-        return Ok(None);
-    };
-    let mut bytes = Vec::new();
-    tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await?;
-    Ok(Some(bytes))
-}
-
 fn header(t: &TaskState) -> String {
     format!("==> {} ({}) <==", t.def.task_id, t.def.stage)
 }
@@ -50,13 +36,13 @@ pub async fn run(
     let Some(wf) = state.workflows.get(&args.id) else {
         anyhow::bail!("no workflow {}", args.id);
     };
-    let store = js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+    let stores = flowmesh_nats::artifacts::Stores::new(js);
     let stream = if args.stderr { "stderr" } else { "stdout" };
     if let Some(dir) = &args.download {
         let mut written = 0;
         for t in &wf.tasks {
             for name in ["stdout", "stderr"] {
-                if let Some(bytes) = stored(&store, &t.def.task_id, name).await? {
+                if let Some(bytes) = views::stored_log(&stores, t, name).await? {
                     let path = dir.join(&t.def.task_id).join(format!("{name}.log"));
                     std::fs::create_dir_all(path.parent().expect("a task folder"))?;
                     std::fs::write(&path, &bytes)?;
@@ -71,7 +57,7 @@ pub async fn run(
     let mut out = std::io::stdout();
     let mut live = Vec::new();
     for t in &wf.tasks {
-        match stored(&store, &t.def.task_id, stream).await? {
+        match views::stored_log(&stores, t, stream).await? {
             Some(bytes) => {
                 writeln!(out, "{}", header(t))?;
                 out.write_all(&bytes)?;

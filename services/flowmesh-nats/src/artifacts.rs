@@ -1,0 +1,207 @@
+//! Where a task's files live and how they are read back. Each worker stores its tasks' files in
+//! its own object store, `flowmesh_artifacts_<worker_id>` (only that worker and the admin may
+//! write it); workers that share one NATS user share `flowmesh_artifacts`. Whoever reads a file
+//! named in a `task.completed` (a downstream worker, `flowmesh result fetch`) checks its bytes
+//! against the digest that event reports, not against the store's own record.
+
+use crate::{EdgeError, subjects};
+use async_nats::jetstream::{self, object_store::ObjectStore};
+use flowmesh_domain::event::Artifact;
+use std::collections::BTreeMap;
+use tokio::sync::Mutex;
+
+/// Opens a worker's own object store, creating it where it is missing with the settings of the
+/// shared `flowmesh_artifacts` (storage, age limit, replicas), which the topology has in place.
+pub async fn ensure_bucket(js: &jetstream::Context, bucket: &str) -> Result<ObjectStore, EdgeError> {
+    if let Ok(store) = js.get_object_store(bucket).await {
+        return Ok(store);
+    }
+    match create_bucket(js, bucket).await {
+        Ok(store) => Ok(store),
+        // Another process of the same worker id may have created it meanwhile.
+        Err(e) => js.get_object_store(bucket).await.map_err(|_| e),
+    }
+}
+
+/// Creates a worker's own object store (succeeding too where one of the same settings exists).
+pub async fn create_bucket(js: &jetstream::Context, bucket: &str) -> Result<ObjectStore, EdgeError> {
+    let shared_stream = subjects::object_stream(subjects::ARTIFACTS_BUCKET);
+    let mut shared = js
+        .get_stream(&shared_stream)
+        .await
+        .map_err(|e| EdgeError::transient(format!("looking up {shared_stream}"), e))?;
+    let like =
+        shared.info().await.map_err(|e| EdgeError::transient(format!("reading {shared_stream}"), e))?.config.clone();
+    let config = jetstream::object_store::Config {
+        bucket: bucket.to_owned(),
+        description: Some(format!("Task results and artifacts stored by one worker ({bucket}).")),
+        max_age: like.max_age,
+        storage: like.storage,
+        num_replicas: like.num_replicas,
+        ..Default::default()
+    };
+    js.create_object_store(config).await.map_err(|e| {
+        EdgeError::transient(
+            format!(
+                "creating the worker's object store {bucket} (its NATS user must be allowed to create it: \
+                 `flowmesh streams server-config --worker ID` makes such users; workers sharing one user \
+                 set WORKER_ARTIFACTS_BUCKET={})",
+                subjects::ARTIFACTS_BUCKET
+            ),
+            e,
+        )
+    })
+}
+
+/// Every stream FlowMesh stores messages in: `subjects::all_streams` and each worker's own
+/// object store that exists now.
+pub async fn product_streams(js: &jetstream::Context) -> Result<Vec<String>, EdgeError> {
+    use futures_util::TryStreamExt;
+    let own = format!("{}_", subjects::object_stream(subjects::ARTIFACTS_BUCKET));
+    let names: Vec<String> =
+        js.stream_names().try_collect().await.map_err(|e| EdgeError::transient("listing streams", e))?;
+    let mut streams = subjects::all_streams().to_vec();
+    streams.extend(names.into_iter().filter(|n| n.starts_with(&own)));
+    Ok(streams)
+}
+
+/// Why a stored file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{object} is not in {bucket}: {message}")]
+    Missing { bucket: String, object: String, message: String },
+    #[error("reading {object} from {bucket}: {message}")]
+    Read { bucket: String, object: String, message: String },
+    #[error("{object} in {bucket} is not what was stored: digest {found}, expected {expected}")]
+    Corrupt { bucket: String, object: String, found: String, expected: String },
+}
+
+/// The object stores a reader has opened, by name (a task's files may be in any worker's).
+pub struct Stores {
+    js: jetstream::Context,
+    open: Mutex<BTreeMap<String, ObjectStore>>,
+}
+
+impl Stores {
+    pub fn new(js: &jetstream::Context) -> Stores {
+        Stores { js: js.clone(), open: Mutex::new(BTreeMap::new()) }
+    }
+
+    async fn store(&self, bucket: &str) -> Result<ObjectStore, String> {
+        let mut open = self.open.lock().await;
+        if let Some(store) = open.get(bucket) {
+            return Ok(store.clone());
+        }
+        let store = self.js.get_object_store(bucket).await.map_err(|e| e.to_string())?;
+        open.insert(bucket.to_owned(), store.clone());
+        Ok(store)
+    }
+
+    /// The bytes of object `object` in `bucket`.
+    pub async fn read(&self, bucket: &str, object: &str) -> Result<Vec<u8>, FetchError> {
+        let missing =
+            |message: String| FetchError::Missing { bucket: bucket.to_owned(), object: object.to_owned(), message };
+        let store = self.store(bucket).await.map_err(missing)?;
+        let mut reader = store.get(object).await.map_err(|e| missing(e.to_string()))?;
+        let mut bytes = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut reader, &mut bytes).await.map_err(|e| FetchError::Read {
+            bucket: bucket.to_owned(),
+            object: object.to_owned(),
+            message: e.to_string(),
+        })?;
+        Ok(bytes)
+    }
+
+    /// The bytes of a file a task reported, checked against the digest in its report.
+    pub async fn fetch(&self, artifact: &Artifact) -> Result<Vec<u8>, FetchError> {
+        let bucket = bucket_of(artifact);
+        let bytes = self.read(bucket, &artifact.object).await?;
+        let found = crate::digest::sha256(&bytes);
+        if found != artifact.digest {
+            return Err(FetchError::Corrupt {
+                bucket: bucket.to_owned(),
+                object: artifact.object.clone(),
+                found,
+                expected: artifact.digest.clone(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// The first of `buckets` that holds `object` (a task's log, which no event lists), or `None`.
+    /// No report names its digest, so it is checked against the one its store records (a
+    /// worker's own store is written by that worker alone).
+    pub async fn find(&self, buckets: &[String], object: &str) -> Result<Option<Vec<u8>>, FetchError> {
+        for bucket in buckets {
+            let bytes = match self.read(bucket, object).await {
+                Ok(bytes) => bytes,
+                Err(FetchError::Missing { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let recorded = match self.store(bucket).await {
+                Ok(store) => store.info(object).await.ok().and_then(|info| info.digest),
+                Err(_) => None,
+            };
+            let found = crate::digest::sha256(&bytes);
+            if let Some(expected) = recorded
+                && expected != found
+            {
+                let (bucket, object) = (bucket.clone(), object.to_owned());
+                return Err(FetchError::Corrupt { bucket, object, found, expected });
+            }
+            return Ok(Some(bytes));
+        }
+        Ok(None)
+    }
+}
+
+/// The store an artifact record names.
+pub fn bucket_of(artifact: &Artifact) -> &str {
+    artifact.bucket.as_deref().unwrap_or(subjects::ARTIFACTS_BUCKET)
+}
+
+/// Where a task's unlisted files (its logs) may be, most likely first: the store its reported
+/// files name, the own store of the worker that ran it, the shared store.
+pub fn task_buckets(worker_id: Option<&str>, artifacts: &[Artifact]) -> Vec<String> {
+    let named = artifacts.iter().map(|a| bucket_of(a).to_owned());
+    let own = worker_id.map(subjects::artifacts_bucket);
+    let mut buckets: Vec<String> = Vec::new();
+    for bucket in named.chain(own).chain([subjects::ARTIFACTS_BUCKET.to_owned()]) {
+        if !buckets.contains(&bucket) {
+            buckets.push(bucket);
+        }
+    }
+    buckets
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifact(bucket: Option<&str>) -> Artifact {
+        Artifact {
+            name: "results.json".into(),
+            object: "wf-1-a/results.json".into(),
+            size: 2,
+            digest: "SHA-256=x".into(),
+            bucket: bucket.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_tasks_logs_are_looked_for_where_its_files_are_first() {
+        let cases: Vec<(Option<&str>, Vec<Artifact>, Vec<&str>)> = vec![
+            (
+                Some("w1"),
+                vec![artifact(Some("flowmesh_artifacts_w1"))],
+                vec!["flowmesh_artifacts_w1", "flowmesh_artifacts"],
+            ),
+            (Some("w1"), vec![], vec!["flowmesh_artifacts_w1", "flowmesh_artifacts"]),
+            (Some("w1"), vec![artifact(None)], vec!["flowmesh_artifacts", "flowmesh_artifacts_w1"]),
+            (None, vec![], vec!["flowmesh_artifacts"]),
+        ];
+        for (worker, artifacts, want) in cases {
+            assert_eq!(task_buckets(worker, &artifacts), want, "{worker:?} {artifacts:?}");
+        }
+    }
+}
