@@ -2,6 +2,7 @@
 //! submitted. Exits 1 when a stage would find no worker.
 
 use flowmesh::{log, views};
+use flowmesh_domain::placement::Strategy;
 use flowmesh_nats::cli::NatsArgs;
 use flowmesh_nats::{clock, subjects};
 use std::path::PathBuf;
@@ -10,14 +11,13 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct Args {
     file: PathBuf,
-    #[arg(long, env = "ROUTER_STRATEGY", default_value = "best_fit")]
-    strategy: String,
+    #[arg(long, env = "ROUTER_STRATEGY", value_enum, default_value = "best_fit")]
+    strategy: Strategy,
     #[arg(long)]
     json: bool,
 }
 
 pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
-    let strategy: flowmesh_domain::placement::Strategy = args.strategy.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
     let body = super::read_document(&args.file)?;
     let workflow = match flowmesh_domain::validate_submission(&body, "wf-plan") {
         Ok(w) => w,
@@ -37,7 +37,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         Default::default()
     };
     let (cordoned, draining) = (&fleet_state.cordoned, &fleet_state.draining);
-    let plans = flowmesh::plan::plan(&workflow, &live, cordoned, draining, &leaders, strategy, clock::now_ms());
+    let plans = flowmesh::plan::plan(&workflow, &live, cordoned, draining, &leaders, args.strategy, clock::now_ms());
     if args.json {
         println!("{}", serde_json::to_string_pretty(&plans)?);
     } else {

@@ -16,8 +16,8 @@ pub enum Command {
     List {
         #[arg(long)]
         workflow: Option<String>,
-        #[arg(long)]
-        status: Option<String>,
+        #[arg(long, value_enum)]
+        status: Option<TaskStatus>,
         #[arg(long = "type")]
         task_type: Option<String>,
         #[arg(long)]
@@ -60,7 +60,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 .workflows
                 .values()
                 .flat_map(|w| w.tasks.iter())
-                .filter(|t| status.as_deref().is_none_or(|s| views::status_name(t.status) == s))
+                .filter(|t| status.is_none_or(|s| t.status == s))
                 .filter(|t| task_type.as_deref().is_none_or(|ty| t.def.task_type == ty))
                 .filter(|t| worker.as_deref().is_none_or(|w| t.worker_id.as_deref() == Some(w)))
                 .collect();

@@ -31,8 +31,8 @@ pub enum FromLog {
     /// Every task's captured output: stored, downloaded (--download DIR) or live (--follow).
     Logs(LogsArgs),
     List {
-        #[arg(long)]
-        status: Option<String>,
+        #[arg(long, value_enum)]
+        status: Option<ListedStatus>,
         #[arg(long)]
         owner: Option<String>,
         #[arg(long)]
@@ -51,6 +51,24 @@ pub enum FromLog {
     Cancel {
         id: String,
     },
+}
+
+/// What `workflow list --status` picks: a workflow's status, or `rejected` (a submission that
+/// never became a workflow), spelled as the STATUS column shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum ListedStatus {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+    Rejected,
+}
+
+impl ListedStatus {
+    fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).map(|v| v.get_name().to_owned()).unwrap_or_default()
+    }
 }
 
 #[derive(clap::Args)]
@@ -90,7 +108,7 @@ async fn from_log(nats: &NatsArgs, command: FromLog) -> anyhow::Result<ExitCode>
             let rows: Vec<views::WorkflowRow> = views::workflow_rows(&full)
                 .into_iter()
                 .filter(|row| {
-                    status.as_deref().is_none_or(|s| row.status == s) && owner.as_deref().is_none_or(|o| row.owner == o)
+                    status.is_none_or(|s| row.status == s.name()) && owner.as_deref().is_none_or(|o| row.owner == o)
                 })
                 .collect();
             if json {
@@ -223,5 +241,22 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListedStatus;
+    use clap::ValueEnum;
+    use flowmesh_domain::state::WorkflowStatus;
+
+    #[test]
+    fn every_workflow_status_can_be_listed_by_the_name_the_table_shows() {
+        for status in WorkflowStatus::value_variants() {
+            let name = flowmesh::views::workflow_status_name(*status);
+            let listed = ListedStatus::from_str(&name, false);
+            assert_eq!(listed.map(ListedStatus::name), Ok(name.clone()), "--status {name}");
+        }
+        assert_eq!(ListedStatus::Rejected.name(), "rejected");
     }
 }
