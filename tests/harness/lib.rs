@@ -362,7 +362,7 @@ async fn record(
     log: Arc<Mutex<Vec<Event>>>,
     skipped_log: Arc<Mutex<Vec<flowmesh::log::Skipped>>>,
 ) {
-    let Ok(stream) = flowmesh::log::entries(&js, format!("{}.>", subjects::EVENTS_PREFIX), true).await else {
+    let Ok(stream) = flowmesh::log::entries(&js, subjects::all_events(), true).await else {
         return;
     };
     futures_util::pin_mut!(stream);

@@ -28,7 +28,7 @@ async fn a_dev_stack_with_a_data_folder_survives_a_restart() -> anyhow::Result<(
     let stack = Stack::start(options).await?;
     let client = async_nats::connect(stack.url()).await?;
     let js = async_nats::jetstream::new(client);
-    let state = flowmesh::log::fold(&js, "flowmesh.events.>".to_owned()).await?;
+    let state = flowmesh::log::fold(&js, flowmesh_nats::subjects::all_events()).await?;
     assert_eq!(state.workflows["wf-1"].status, flowmesh_domain::state::WorkflowStatus::Completed, "the log survived");
     let (second, end) = run_echo(&stack).await?;
     assert_eq!((second.as_str(), end), ("wf-2", End::Completed), "numbering continues after the restart");

@@ -300,6 +300,7 @@ fn capacity_checks(request: &Request, c: &Candidate<'_>, lower_gpu_names: &[Stri
 /// How the best eligible worker is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum), value(rename_all = "snake_case"))]
 pub enum Strategy {
     /// Throughput against cost (FlowMesh's default), then longest idle, then id.
     #[default]

@@ -5,8 +5,10 @@ use crate::shutdown::{self, Shutdown, Trigger};
 use crate::topology::{Handles, Topology};
 use std::path::PathBuf;
 
-/// Connection flags; each also reads its environment variable.
+/// Connection flags; each also reads its environment variable. Every binary and every
+/// subcommand lists them under one heading, apart from its own flags.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Connection")]
 pub struct NatsArgs {
     /// NATS server URL(s), comma-separated.
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222", global = true)]

@@ -1,5 +1,7 @@
 //! Every subject, stream, bucket and consumer name. Nothing else spells one.
 
+use flowmesh_domain::event::{FLEET_SCOPE, NO_SCOPE};
+
 pub const SUBMIT: &str = "flowmesh.submit";
 pub const EVENTS_PREFIX: &str = "flowmesh.events";
 pub const WORK_PREFIX: &str = "flowmesh.work";
@@ -76,9 +78,25 @@ pub fn reports(kind: &str, worker: &str) -> String {
     format!("{EVENTS_PREFIX}.*.*.{kind}.{worker}")
 }
 
+/// Every event: `flowmesh.events.>`.
+pub fn all_events() -> String {
+    format!("{EVENTS_PREFIX}.>")
+}
+
 /// Every event of one workflow.
 pub fn workflow_events(workflow_id: &str) -> String {
     format!("{EVENTS_PREFIX}.{workflow_id}.>")
+}
+
+/// The verdict on one submission (`*`: on every submission):
+/// `flowmesh.events.<workflow>._.submission.>`.
+pub fn submission_events(workflow_id: &str) -> String {
+    format!("{EVENTS_PREFIX}.{workflow_id}.{NO_SCOPE}.submission.>")
+}
+
+/// Every fleet event (joins, losses, cordons, drains, prewarm hints): `flowmesh.events.fleet.>`.
+pub fn fleet_events() -> String {
+    format!("{EVENTS_PREFIX}.{FLEET_SCOPE}.>")
 }
 
 /// Every event of one task.
@@ -135,6 +153,11 @@ pub fn service_name(service: &str) -> String {
 /// The object name of a task's file: `<task_id>/<path>`.
 pub fn artifact(task_id: &str, path: &str) -> String {
     format!("{task_id}/{path}")
+}
+
+/// The object name of a task's stored output: `<task_id>/logs/stdout.log` / `stderr.log`.
+pub fn log_object(task_id: &str, stream: &str) -> String {
+    artifact(task_id, &format!("logs/{stream}.log"))
 }
 
 /// The subject of one `flowmesh bench --raw` run.

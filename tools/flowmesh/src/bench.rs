@@ -449,7 +449,7 @@ async fn follow_outcomes(
         .create_consumer(consumer::pull::OrderedConfig {
             // One filter for all: several filters need the `server_2_10` feature of async-nats,
             // and decoding the few events per task we then skip costs far less than the run.
-            filter_subject: format!("{}.>", subjects::EVENTS_PREFIX),
+            filter_subject: subjects::all_events(),
             // Created before the first submission, so nothing of ours is older than it.
             deliver_policy: consumer::DeliverPolicy::New,
             ..Default::default()

@@ -1,5 +1,5 @@
 //! The `flowmesh` CLI as a library: the local stack, submitting and following workflows, the
-//! views over the event log, and the bench. `main.rs` is only argument parsing.
+//! views over the event log, and the bench. The binary (`main.rs`, `cmd/`) holds the verbs.
 
 pub mod bench;
 pub mod dev;

@@ -1,5 +1,16 @@
 //! Aligned text tables for people; scripts use `--json`.
 
+/// A typed line of a table: its columns' headers, and its cells in their order.
+pub trait Row {
+    const HEADERS: &'static [&'static str];
+    fn cells(&self) -> Vec<String>;
+}
+
+/// Renders typed rows under their headers.
+pub fn rows<R: Row>(rows: &[R]) -> String {
+    render(R::HEADERS, &rows.iter().map(Row::cells).collect::<Vec<_>>())
+}
+
 /// Renders rows under headers, each column as wide as its widest cell.
 pub fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();

@@ -1,6 +1,6 @@
 //! Views over the event log and the fleet: workflows, tasks, workers, results.
 
-use crate::table;
+use crate::table::{self, Row};
 use async_nats::jetstream;
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::state::{State, TaskState, TaskStatus, WorkflowState};
@@ -10,48 +10,65 @@ use flowmesh_nats::{clock, subjects};
 use futures_util::StreamExt;
 use std::path::Path;
 
-pub fn workflow_rows(state: &State) -> Vec<Vec<String>> {
-    let mut rows: Vec<(u64, Vec<String>)> = state
+/// One line of `workflow list` (and of its `--json`): a workflow, or a rejected submission.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WorkflowRow {
+    pub workflow_id: String,
+    /// Empty for a rejected submission.
+    pub name: String,
+    /// A workflow status (`running`, `completed`, …) or `rejected`.
+    pub status: String,
+    /// Ended tasks of all its tasks: `2/3`.
+    pub done: String,
+    pub owner: String,
+    pub submitted_at: String,
+}
+
+impl Row for WorkflowRow {
+    const HEADERS: &'static [&'static str] = &["WORKFLOW", "NAME", "STATUS", "DONE", "OWNER", "SUBMITTED"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.workflow_id.clone(),
+            self.name.clone(),
+            self.status.clone(),
+            self.done.clone(),
+            self.owner.clone(),
+            self.submitted_at.clone(),
+        ]
+    }
+}
+
+/// Every workflow and rejected submission in `state`, in submission order.
+pub fn workflow_rows(state: &State) -> Vec<WorkflowRow> {
+    let mut rows: Vec<WorkflowRow> = state
         .workflows
         .values()
         .map(|wf| {
             let done = wf.tasks.iter().filter(|t| t.status.is_terminal()).count();
-            (
-                seq_of(&wf.workflow_id),
-                vec![
-                    wf.workflow_id.clone(),
-                    wf.name.clone(),
-                    format!("{:?}", wf.status).to_lowercase(),
-                    format!("{done}/{}", wf.tasks.len()),
-                    wf.owner.clone().unwrap_or_default(),
-                    wf.submitted_at.clone(),
-                ],
-            )
+            WorkflowRow {
+                workflow_id: wf.workflow_id.clone(),
+                name: wf.name.clone(),
+                status: workflow_status_name(wf.status),
+                done: format!("{done}/{}", wf.tasks.len()),
+                owner: wf.owner.clone().unwrap_or_default(),
+                submitted_at: wf.submitted_at.clone(),
+            }
         })
-        .chain(state.rejected.values().map(|r| {
-            (
-                seq_of(&r.workflow_id),
-                vec![
-                    r.workflow_id.clone(),
-                    String::new(),
-                    "rejected".into(),
-                    "0/0".into(),
-                    String::new(),
-                    String::new(),
-                ],
-            )
+        .chain(state.rejected.values().map(|r| WorkflowRow {
+            workflow_id: r.workflow_id.clone(),
+            name: String::new(),
+            status: "rejected".into(),
+            done: "0/0".into(),
+            owner: String::new(),
+            submitted_at: String::new(),
         }))
         .collect();
-    rows.sort_by_key(|(seq, _)| *seq);
-    rows.into_iter().map(|(_, row)| row).collect()
+    rows.sort_by_key(|row| seq_of(&row.workflow_id));
+    rows
 }
 
 fn seq_of(workflow_id: &str) -> u64 {
     workflow_id.trim_start_matches("wf-").parse().unwrap_or(0)
-}
-
-pub fn print_workflows(state: &State) {
-    print!("{}", table::render(&["WORKFLOW", "NAME", "STATUS", "DONE", "OWNER", "SUBMITTED"], &workflow_rows(state)));
 }
 
 /// The lower-case name of a task status, as the tables and filters spell it.
@@ -134,37 +151,56 @@ pub fn worker_status(w: &WorkerSnapshot, fleet: &State) -> String {
     status
 }
 
-pub fn print_workers(workers: &[(WorkerSnapshot, u64)], fleet: &State) {
-    let rows: Vec<Vec<String>> = workers
-        .iter()
-        .map(|(w, age)| {
-            let gpus = if w.hardware.gpus.is_empty() {
-                "-".to_owned()
-            } else {
-                let first = &w.hardware.gpus[0];
-                format!("{}x {} {}", w.hardware.gpus.len(), first.name, format_bytes(first.memory_bytes))
-            };
-            let stale = if *age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
-            vec![
-                w.id.clone(),
-                worker_status(w, fleet),
-                w.supported_task_types.join(","),
-                format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
-                gpus,
-                format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
-                stale,
-                if w.simulated { "yes".into() } else { "no".into() },
-                if w.tags.is_empty() { "-".into() } else { w.tags.join(",") },
-            ]
+/// One line of `worker list` (and of its `--json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerRow {
+    pub snapshot: WorkerSnapshot,
+    /// Seconds since the snapshot was written; past its `ttl_sec` it is stale.
+    pub age_sec: u64,
+    pub cordoned: bool,
+    pub draining: bool,
+    /// As `worker_status` says it.
+    pub status: String,
+}
+
+/// The rows of `worker list`: each snapshot (with its age) and what operators asked of it.
+pub fn worker_rows(workers: Vec<(WorkerSnapshot, u64)>, fleet: &State) -> Vec<WorkerRow> {
+    workers
+        .into_iter()
+        .map(|(snapshot, age_sec)| WorkerRow {
+            cordoned: fleet.cordoned.contains(&snapshot.id),
+            draining: fleet.draining.contains(&snapshot.id),
+            status: worker_status(&snapshot, fleet),
+            snapshot,
+            age_sec,
         })
-        .collect();
-    print!(
-        "{}",
-        table::render(
-            &["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED", "TAGS"],
-            &rows
-        )
-    );
+        .collect()
+}
+
+impl Row for WorkerRow {
+    const HEADERS: &'static [&'static str] =
+        &["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED", "TAGS"];
+    fn cells(&self) -> Vec<String> {
+        let (w, age) = (&self.snapshot, self.age_sec);
+        let gpus = if w.hardware.gpus.is_empty() {
+            "-".to_owned()
+        } else {
+            let first = &w.hardware.gpus[0];
+            format!("{}x {} {}", w.hardware.gpus.len(), first.name, format_bytes(first.memory_bytes))
+        };
+        let stale = if age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
+        vec![
+            w.id.clone(),
+            self.status.clone(),
+            w.supported_task_types.join(","),
+            format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
+            gpus,
+            format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
+            stale,
+            if w.simulated { "yes".into() } else { "no".into() },
+            if w.tags.is_empty() { "-".into() } else { w.tags.join(",") },
+        ]
+    }
 }
 
 /// One file `fetch_results` wrote.
@@ -222,7 +258,7 @@ pub async fn fetch_results(js: &jetstream::Context, task_id: &str, out: &Path) -
 /// own); `None` when it has none (yet).
 pub async fn stored_log(stores: &Stores, task: &TaskState, stream: &str) -> anyhow::Result<Option<Vec<u8>>> {
     let buckets = artifacts::task_buckets(task.worker_id.as_deref(), &task.artifacts);
-    Ok(stores.find(&buckets, &subjects::artifact(&task.def.task_id, &format!("logs/{stream}.log"))).await?)
+    Ok(stores.find(&buckets, &subjects::log_object(&task.def.task_id, stream)).await?)
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
@@ -283,18 +319,15 @@ pub async fn stream_health(js: &jetstream::Context) -> anyhow::Result<Vec<Stream
     Ok(out)
 }
 
-pub fn stream_health_table(health: &[StreamHealth]) -> String {
-    let rows: Vec<Vec<String>> = health
-        .iter()
-        .map(|h| {
-            vec![
-                h.stream.clone(),
-                h.messages.to_string(),
-                h.leader.clone().unwrap_or_else(|| "NONE".to_owned()),
-                h.replicas.iter().map(|(name, state)| format!("{name} {state}")).collect::<Vec<_>>().join(", "),
-                if h.healthy { "yes".to_owned() } else { "no".to_owned() },
-            ]
-        })
-        .collect();
-    table::render(&["STREAM", "MESSAGES", "LEADER", "FOLLOWERS", "HEALTHY"], &rows)
+impl Row for StreamHealth {
+    const HEADERS: &'static [&'static str] = &["STREAM", "MESSAGES", "LEADER", "FOLLOWERS", "HEALTHY"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.stream.clone(),
+            self.messages.to_string(),
+            self.leader.clone().unwrap_or_else(|| "NONE".to_owned()),
+            self.replicas.iter().map(|(name, state)| format!("{name} {state}")).collect::<Vec<_>>().join(", "),
+            if self.healthy { "yes".to_owned() } else { "no".to_owned() },
+        ]
+    }
 }

@@ -6,6 +6,7 @@
 use flowmesh::{log, views};
 use flowmesh_domain::EventBody;
 use flowmesh_domain::state::TaskStatus;
+use flowmesh_nats::cli::NatsArgs;
 use flowmesh_nats::subjects;
 use futures_util::StreamExt;
 use std::os::unix::process::CommandExt;
@@ -92,12 +93,13 @@ fn ssh_argv(at: &Endpoint, identity: Option<&PathBuf>, tty: bool, command: &[Str
     argv
 }
 
-pub async fn run(js: &async_nats::jetstream::Context, command: Command) -> anyhow::Result<ExitCode> {
+pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> {
     let (task, identity, tty, remote, print) = match command {
         Command::Connect { task, identity, print } => (task, identity, true, Vec::new(), print),
         Command::Run { task, identity, command } => (task, identity, false, command, false),
     };
-    let at = endpoint(js, &task).await?;
+    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let at = endpoint(&handles.js, &task).await?;
     let argv = ssh_argv(&at, identity.as_ref(), tty, &remote);
     if print {
         println!("{}", argv.join(" "));

@@ -2,6 +2,7 @@
 //! placement, run and upload times and the workflow's critical path; `--svg` draws the timeline.
 
 use flowmesh::{log, timeline};
+use flowmesh_nats::cli::NatsArgs;
 use flowmesh_nats::subjects;
 use futures_util::StreamExt;
 use std::path::PathBuf;
@@ -9,16 +10,17 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    pub workflow: String,
+    workflow: String,
     /// Also write the timeline as an SVG picture (one bar per task, coloured by phase).
     #[arg(long, value_name = "FILE")]
-    pub svg: Option<PathBuf>,
+    svg: Option<PathBuf>,
     #[arg(long)]
-    pub json: bool,
+    json: bool,
 }
 
-pub async fn run(js: &async_nats::jetstream::Context, args: Args) -> anyhow::Result<ExitCode> {
-    let stream = log::events(js, subjects::workflow_events(&args.workflow), false).await?;
+pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
+    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    let stream = log::events(&handles.js, subjects::workflow_events(&args.workflow), false).await?;
     futures_util::pin_mut!(stream);
     let mut events = Vec::new();
     while let Some(event) = stream.next().await {

@@ -1,11 +1,43 @@
-//! `flowmesh result download TASK --include all -o bundle.tgz`: a task's stored files, digests
-//! verified, as one gzip'd tarball (made by the system's `tar`).
+//! `flowmesh result fetch TASK [--out DIR]` and `flowmesh result download TASK --include all -o
+//! bundle.tgz`: a task's stored files, digests verified, as files or as one gzip'd tarball (made
+//! by the system's `tar`).
 
+use flowmesh_nats::cli::NatsArgs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Download a task's results and artifacts, verifying their digests.
+    Fetch {
+        task: String,
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
+    /// A task's results, logs and artifacts as one .tgz bundle, digests verified.
+    Download(DownloadArgs),
+}
+
+pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> {
+    let (_, handles) = nats.handles("flowmesh-cli").await?;
+    match command {
+        Command::Download(args) => download(&handles.js, args).await,
+        Command::Fetch { task, out } => {
+            for f in flowmesh::views::fetch_results(&handles.js, &task, &out).await? {
+                println!("{}  {} bytes  ({})", out.join(&f.name).display(), f.size, how(f.verified));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// How a fetched file was checked.
+fn how(verified: bool) -> &'static str {
+    if verified { "digest verified" } else { "inline in its task.completed event" }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Include {
+enum Include {
     /// Everything the task stored.
     All,
     /// `results.json` only.
@@ -18,7 +50,7 @@ pub enum Include {
 
 impl Include {
     /// Whether the stored file at `relative` (to the task) belongs in the bundle.
-    pub fn takes(self, relative: &str) -> bool {
+    fn takes(self, relative: &str) -> bool {
         let is_log = relative.starts_with("logs/");
         match self {
             Include::All => true,
@@ -30,16 +62,16 @@ impl Include {
 }
 
 #[derive(clap::Args)]
-pub struct Args {
-    pub task: String,
+pub struct DownloadArgs {
+    task: String,
     #[arg(long, value_enum, default_value = "all")]
-    pub include: Include,
+    include: Include,
     /// The bundle to write (default: <task>.tgz).
     #[arg(short = 'o', long = "output")]
-    pub output: Option<PathBuf>,
+    output: Option<PathBuf>,
 }
 
-pub async fn run(js: &async_nats::jetstream::Context, args: Args) -> anyhow::Result<ExitCode> {
+async fn download(js: &async_nats::jetstream::Context, args: DownloadArgs) -> anyhow::Result<ExitCode> {
     let staging = tempfile::Builder::new().prefix("flowmesh-download-").tempdir()?;
     let root = staging.path().join(&args.task);
     let fetched = flowmesh::views::fetch_results(js, &args.task, &root).await?;
@@ -55,8 +87,7 @@ pub async fn run(js: &async_nats::jetstream::Context, args: Args) -> anyhow::Res
     let output = args.output.clone().unwrap_or_else(|| PathBuf::from(format!("{}.tgz", args.task)));
     tar(staging.path(), &args.task, &output)?;
     for f in &kept {
-        let how = if f.verified { "digest verified" } else { "inline in its task.completed event" };
-        eprintln!("  {}/{}  {} bytes  ({how})", args.task, f.name, f.size);
+        eprintln!("  {}/{}  {} bytes  ({})", args.task, f.name, f.size, how(f.verified));
     }
     println!("{}", output.display());
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,73 @@
+//! `flowmesh streams apply|status|server-config`: the streams, buckets and object store defined
+//! in `streams/`, their replication health, and a server config with a user per worker.
+
+use flowmesh::{table, views};
+use flowmesh_nats::cli::NatsArgs;
+use flowmesh_nats::subjects;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum Command {
+    Apply,
+    /// Every stream's leader and replicas; exit 0 when each has a leader and current replicas.
+    Status {
+        /// Wait up to this many seconds for every stream to be healthy.
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print streams/nats-server.conf with a user of its own for each worker (`worker-ID`, its
+    /// password in FLOWMESH_WORKER_ID_PASSWORD), allowed only that worker's work and keys, and
+    /// for each submitter (`NAME`, its password in FLOWMESH_SUBMITTER_NAME_PASSWORD).
+    ServerConfig {
+        /// A worker id; repeat for each worker.
+        #[arg(long = "worker")]
+        workers: Vec<String>,
+        /// A submitter's user name; repeat for each user.
+        #[arg(long = "submitter")]
+        submitters: Vec<String>,
+    },
+}
+
+pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Status { wait, json } => {
+            let (_, handles) = nats.handles("flowmesh-cli").await?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(wait);
+            loop {
+                let health = views::stream_health(&handles.js).await?;
+                let healthy = health.iter().all(|h| h.healthy);
+                if healthy || std::time::Instant::now() >= deadline {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&health)?);
+                    } else {
+                        print!("{}", table::rows(&health));
+                    }
+                    return Ok(super::exit(healthy));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Command::ServerConfig { workers, submitters } => {
+            let config = flowmesh_nats::auth::server_config(&workers, &submitters).map_err(|e| anyhow::anyhow!(e))?;
+            print!("{config}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Apply => {
+            nats.handles("flowmesh-cli").await?;
+            println!(
+                "streams {}, {}, {}, buckets {}, {} and object store {} are in place ({} replica(s))",
+                subjects::SUBMISSIONS_STREAM,
+                subjects::EVENTS_STREAM,
+                subjects::WORK_STREAM,
+                subjects::WORKERS_BUCKET,
+                subjects::CONTROL_BUCKET,
+                subjects::ARTIFACTS_BUCKET,
+                nats.replicas
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
