@@ -301,7 +301,42 @@ impl World {
 
     /// Waits until `done` holds for the recorded events, or fails after `DEADLINE`.
     pub async fn wait_for(&self, what: &str, done: impl Fn(&[Event]) -> bool) -> anyhow::Result<Vec<Event>> {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
+        self.wait_for_within(what, DEADLINE, done).await
+    }
+
+    /// Waits until `count` of the recorded events reaches `target`, failing only when the count
+    /// has not grown for `stall`: a scenario whose size sets its length (and a loaded machine
+    /// its pace) still fails fast when it is stuck.
+    pub async fn wait_for_count(
+        &self,
+        what: &str,
+        target: usize,
+        stall: Duration,
+        count: impl Fn(&[Event]) -> usize,
+    ) -> anyhow::Result<Vec<Event>> {
+        let mut best = 0;
+        loop {
+            let reached = self
+                .wait_for_within(what, stall, |events| {
+                    let n = count(events);
+                    n >= target || n > best
+                })
+                .await?;
+            best = count(&reached);
+            if best >= target {
+                return Ok(reached);
+            }
+        }
+    }
+
+    /// As `wait_for`, failing after `within` (a scenario whose size sets its length).
+    pub async fn wait_for_within(
+        &self,
+        what: &str,
+        within: Duration,
+        done: impl Fn(&[Event]) -> bool,
+    ) -> anyhow::Result<Vec<Event>> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             let violations = SCHEMA_VIOLATIONS.lock().expect("violations lock").clone();
             anyhow::ensure!(

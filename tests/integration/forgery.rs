@@ -10,13 +10,13 @@ use flowmesh_nats::subjects;
 use std::time::Duration;
 use tests::{World, role_password};
 
-fn as_role(role: &'static str) -> [(&'static str, &'static str); 2] {
+pub(crate) fn as_role(role: &'static str) -> [(&'static str, &'static str); 2] {
     [("NATS_USER", role), ("NATS_PASSWORD", role_password(role))]
 }
 
 /// A JetStream context logged in as `user`, with a short timeout: a refused request is never
 /// answered.
-async fn login(world: &World, user: &str, password: &str) -> anyhow::Result<jetstream::Context> {
+pub(crate) async fn login(world: &World, user: &str, password: &str) -> anyhow::Result<jetstream::Context> {
     let client = async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
         .custom_inbox_prefix(subjects::inbox_prefix(user))
         .connect(world.url())
@@ -25,7 +25,7 @@ async fn login(world: &World, user: &str, password: &str) -> anyhow::Result<jets
 }
 
 /// Publishes and waits for the stream's ack; `Err` when the server refuses.
-async fn store(
+pub(crate) async fn store(
     js: &jetstream::Context,
     subject: String,
     msg_id: Option<&str>,
@@ -54,7 +54,7 @@ async fn message_ids(js: &jetstream::Context) -> anyhow::Result<Vec<String>> {
     Ok(ids)
 }
 
-fn event_json(body: EventBody) -> Vec<u8> {
+pub(crate) fn event_json(body: EventBody) -> Vec<u8> {
     serde_json::to_vec(&Event::new(body, "2026-11-23T00:00:00Z".into(), 0)).unwrap()
 }
 
