@@ -261,3 +261,81 @@ async fn a_rejection_with_countless_problems_is_capped_and_stored() -> anyhow::R
     assert!(serde_json::to_vec(rejection)?.len() < 256 * 1024);
     Ok(())
 }
+
+/// With the server's whole store full (an operator's other stream took it), a submission that
+/// cannot be stored is refused to its submitter, and one acknowledged earlier is not lost: its
+/// verdict cannot be stored either, so the validator keeps it unacknowledged and tries again,
+/// and once space is freed it gets exactly one verdict.
+#[tokio::test]
+async fn a_full_server_store_refuses_submissions_and_loses_no_acknowledged_one() -> anyhow::Result<()> {
+    use async_nats::jetstream::stream;
+    let config = flowmesh_nats::auth::SERVER_CONFIG.replace("jetstream {\n", "jetstream {\n  max_file_store: 4MB\n");
+    anyhow::ensure!(config.contains("max_file_store"), "streams/nats-server.conf has no jetstream block");
+    let mut world = World::start_secured_with(&config, &[]).await?;
+    let js = world.handles.js.clone();
+    let mut acknowledged = Vec::new();
+    for _ in 0..3 {
+        acknowledged.push(flowmesh::submit::submit(&js, example("valid/echo.yaml"), None).await?.0);
+    }
+
+    // Another stream fills the store, 128 KiB at a time, until the server refuses.
+    js.create_stream(stream::Config {
+        name: "OPERATOR_FILLER".into(),
+        subjects: vec!["operator.filler".into()],
+        ..Default::default()
+    })
+    .await?;
+    let chunk = vec![b'x'; 128 * 1024];
+    let mut refusal = None;
+    for _ in 0..64 {
+        if let Err(e) = js.publish("operator.filler", chunk.clone().into()).await?.await {
+            refusal = Some(e);
+            break;
+        }
+    }
+    let refusal = refusal.ok_or_else(|| anyhow::anyhow!("8 MiB were stored in a 4 MB store"))?;
+
+    // Refused, and told so.
+    for _ in 0..2 {
+        let error = flowmesh::submit::submit(&js, example("valid/echo.yaml"), None).await.err();
+        let error = error.ok_or_else(|| anyhow::anyhow!("a full store acknowledged a submission ({refusal})"))?;
+        assert!(error.to_string().contains("submission not stored"), "{error:#}");
+    }
+
+    // The validator takes the acknowledged ones and cannot store a verdict: each is handed back
+    // (redelivered), never acknowledged without its verdict.
+    world.process("validator", &["validator"], &crate::forgery::as_role("validator"))?;
+    let consumer = flowmesh_nats::subjects::VALIDATORS_CONSUMER;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let stream = js.get_stream(flowmesh_nats::subjects::SUBMISSIONS_STREAM).await?;
+        let info = stream.consumer_info(consumer).await.ok();
+        if info.as_ref().is_some_and(|i| i.num_redelivered > 0) {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the validator never retried a verdict it could not store: {info:?}\n{}",
+            world.process_log("validator")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let is_verdict = |e: &&flowmesh_domain::Event| {
+        matches!(e.body, EventBody::SubmissionAccepted(_) | EventBody::SubmissionRejected(_))
+    };
+    assert_eq!(world.events().iter().filter(is_verdict).count(), 0, "a verdict was stored in a full store");
+
+    // Space comes back: every acknowledged submission gets one verdict, and nothing else does.
+    js.delete_stream("OPERATOR_FILLER").await?;
+    let events = world
+        .wait_for("a verdict for each acknowledged submission", |events| {
+            acknowledged.iter().all(|id| verdicts(events, id) == 1)
+        })
+        .await?;
+    assert_eq!(
+        events.iter().filter(is_verdict).count(),
+        acknowledged.len(),
+        "a verdict for something not acknowledged"
+    );
+    Ok(())
+}
