@@ -1,6 +1,7 @@
 //! What every binary shares: NATS connection flags, tracing set-up, Ctrl-C/SIGTERM handling.
 
 use crate::connect::{NatsOptions, connect};
+use crate::retry::Backoff;
 use crate::shutdown::{self, Shutdown, Trigger};
 use crate::topology::{Handles, Topology};
 use std::path::PathBuf;
@@ -60,17 +61,17 @@ impl NatsArgs {
     pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
         let client = connect(&self.options(name)).await?;
         let topology = Topology::load(usize::from(self.replicas))?;
-        let started = std::time::Instant::now();
-        loop {
-            match Handles::ensure(&client, &topology).await {
-                Ok(handles) => return Ok((client, handles)),
-                Err(e @ crate::EdgeError::Transient { .. }) if started.elapsed() < JETSTREAM_WAIT => {
-                    tracing::warn!(error = %e, "JetStream is not answering yet; retrying");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let second = std::time::Duration::from_secs(1);
+        let handles = Backoff::new(second, second, Shutdown::never())
+            .within(JETSTREAM_WAIT)
+            .retry(
+                "waiting for JetStream",
+                || Handles::ensure(&client, &topology),
+                |e| matches!(e, crate::EdgeError::Transient { .. }),
+            )
+            .await
+            .map_err(|gave_up| gave_up.last)?;
+        Ok((client, handles))
     }
 }
 

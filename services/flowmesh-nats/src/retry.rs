@@ -1,14 +1,20 @@
-//! Riding out a cluster's failover. While a NATS node is lost, JetStream calls fail for a few
-//! seconds (a request times out, nobody answers, a stream or the meta group elects a new leader);
-//! `patiently` tries such calls again within a budget and returns every other error at once.
+//! One way to retry. `Backoff` tries an operation again after pauses that double up to a ceiling,
+//! until it succeeds, fails in a way that waiting does not mend, its budget is spent, or the
+//! shutdown it watches fires; the caller learns which (`GaveUp`). Every retry loop in the
+//! workspace is one of these: riding out a cluster's failover (`patiently`: while a NATS node is
+//! lost, JetStream calls fail for a few seconds), a worker's reports and uploads, waiting for
+//! JetStream at start-up.
 
+use crate::Shutdown;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::consumer::StreamErrorKind;
 use async_nats::jetstream::context::{ConsumerInfoErrorKind, GetStreamErrorKind, PublishErrorKind, RequestErrorKind};
 use async_nats::jetstream::stream::ConsumerErrorKind;
 use async_nats::jetstream::{self, consumer, context, stream};
+use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long a command-line call waits for a cluster to recover before it reports the error.
 pub const FAILOVER_BUDGET: Duration = Duration::from_secs(30);
@@ -20,26 +26,91 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<T>>,
 {
-    retry(what, budget, Duration::from_millis(200), op).await
+    Backoff::new(Duration::from_millis(200), Duration::from_secs(2), Shutdown::never())
+        .within(budget)
+        .retry(what, op, is_transient)
+        .await
+        .map_err(|gave_up| gave_up.last)
 }
 
-/// `patiently`, with the first pause given; the pause doubles up to 2 s.
-async fn retry<T, F, Fut>(what: &str, budget: Duration, first_pause: Duration, mut op: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<T>>,
-{
-    let deadline = tokio::time::Instant::now() + budget;
-    let mut pause = first_pause;
-    loop {
-        match op().await {
-            Ok(value) => return Ok(value),
-            Err(e) if is_transient(&e) && tokio::time::Instant::now() + pause < deadline => {
-                tracing::warn!(error = %e, "{what}: NATS is failing over; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+/// A retry policy: the first pause, the ceiling the doubling stops at, an optional budget, and
+/// the shutdown that ends the waiting.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    first: Duration,
+    ceiling: Duration,
+    budget: Option<Duration>,
+    stop: Shutdown,
+}
+
+/// Why `Backoff::retry` returned without a success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// The error is not one that waiting mends.
+    Permanent,
+    /// Another pause would end past the budget.
+    BudgetSpent,
+    /// The shutdown fired.
+    Shutdown,
+}
+
+/// The end of a retry that did not succeed: why, and the last error seen.
+#[derive(Debug)]
+pub struct GaveUp<E> {
+    pub why: Why,
+    pub last: E,
+}
+
+impl Backoff {
+    /// Pauses of `first`, doubling up to `ceiling`, for as long as it takes, until `stop` fires.
+    pub fn new(first: Duration, ceiling: Duration, stop: Shutdown) -> Backoff {
+        Backoff { first, ceiling, budget: None, stop }
+    }
+
+    /// Gives up once another pause would end more than `budget` after the first try.
+    pub fn within(self, budget: Duration) -> Backoff {
+        Backoff { budget: Some(budget), ..self }
+    }
+
+    /// Runs `op` until it succeeds or gives up; errors that `transient` rejects end it at once.
+    /// Each retry writes a warning naming `what` and the error.
+    pub async fn retry<T, E, F, Fut>(
+        &self,
+        what: &str,
+        mut op: F,
+        transient: impl Fn(&E) -> bool,
+    ) -> Result<T, GaveUp<E>>
+    where
+        E: Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let deadline = self.budget.map(|budget| Instant::now() + budget);
+        let mut stop = self.stop.clone();
+        let mut pause = self.first;
+        loop {
+            let last = match op().await {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            let why = if !transient(&last) {
+                Some(Why::Permanent)
+            } else if stop.is_set() {
+                Some(Why::Shutdown)
+            } else if deadline.is_some_and(|deadline| Instant::now() + pause >= deadline) {
+                Some(Why::BudgetSpent)
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(GaveUp { why, last });
             }
-            Err(e) => return Err(e),
+            tracing::warn!(error = %last, "{what}: failed; retrying in {pause:?}");
+            tokio::select! {
+                _ = stop.wait() => return Err(GaveUp { why: Why::Shutdown, last }),
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(self.ceiling);
         }
     }
 }
@@ -143,42 +214,104 @@ mod tests {
 
     const QUICK: Duration = Duration::from_millis(1);
 
+    fn quick(stop: Shutdown) -> Backoff {
+        Backoff::new(QUICK, Duration::from_secs(2), stop)
+    }
+
+    fn timed_out() -> anyhow::Error {
+        context::RequestError::new(RequestErrorKind::TimedOut).into()
+    }
+
     #[tokio::test]
     async fn retries_transient_errors_until_success_and_stops_at_the_first_other() {
         let mut calls = 0;
-        let value =
-            retry("test", FAILOVER_BUDGET, QUICK, || {
-                calls += 1;
-                let n = calls;
-                async move {
-                    if n < 4 { Err(stream::ConsumerError::new(ConsumerErrorKind::TimedOut).into()) } else { Ok(n) }
-                }
-            })
+        let value = quick(Shutdown::never())
+            .retry(
+                "test",
+                || {
+                    calls += 1;
+                    let n = calls;
+                    async move { if n < 4 { Err(timed_out()) } else { Ok(n) } }
+                },
+                is_transient,
+            )
             .await
             .unwrap();
         assert_eq!(value, 4);
 
         let mut calls = 0;
-        let error = retry("test", FAILOVER_BUDGET, QUICK, || {
-            calls += 1;
-            async { Err::<(), _>(stream::ConsumerError::new(ConsumerErrorKind::InvalidName).into()) }
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(calls, 1, "{error}");
+        let gave_up = quick(Shutdown::never())
+            .retry(
+                "test",
+                || {
+                    calls += 1;
+                    async { Err::<(), _>(stream::ConsumerError::new(ConsumerErrorKind::InvalidName).into()) }
+                },
+                is_transient,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!((calls, gave_up.why), (1, Why::Permanent), "{}", gave_up.last);
     }
 
     #[tokio::test]
     async fn gives_up_when_the_budget_is_spent() {
         let mut calls = 0;
-        let error = retry("test", Duration::from_millis(200), QUICK, || {
-            calls += 1;
-            async { Err::<(), _>(context::RequestError::new(RequestErrorKind::TimedOut).into()) }
-        })
-        .await
-        .unwrap_err();
-        assert!(is_transient(&error));
+        let gave_up = quick(Shutdown::never())
+            .within(Duration::from_millis(200))
+            .retry(
+                "test",
+                || {
+                    calls += 1;
+                    async { Err::<(), _>(timed_out()) }
+                },
+                is_transient,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(gave_up.why, Why::BudgetSpent);
+        assert!(is_transient(&gave_up.last));
         // Pauses of 1, 2, 4 … 64 ms fit in 200 ms (127 ms in all); the next, 128 ms, would not.
         assert!((2..=8).contains(&calls), "{calls} calls");
+    }
+
+    #[tokio::test]
+    async fn gives_up_when_shutdown_fires_before_or_during_a_pause() {
+        // Fired before the retry: one try, then no pause at all.
+        let (trigger, stop) = crate::shutdown::channel();
+        trigger.fire();
+        let mut calls = 0;
+        let gave_up = quick(stop)
+            .retry(
+                "test",
+                || {
+                    calls += 1;
+                    async { Err::<(), _>(timed_out()) }
+                },
+                is_transient,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!((calls, gave_up.why), (1, Why::Shutdown));
+
+        // Fired during an hour-long pause: the pause ends with it.
+        let (trigger, stop) = crate::shutdown::channel();
+        let hour = Duration::from_secs(3600);
+        let backoff = Backoff::new(hour, hour, stop);
+        let retry = backoff.retry("test", || async { Err::<(), _>(timed_out()) }, is_transient);
+        let fire = async {
+            tokio::task::yield_now().await;
+            trigger.fire();
+            std::future::pending::<()>().await
+        };
+        let gave_up = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::select! {
+                gave_up = retry => gave_up.unwrap_err(),
+                _ = fire => unreachable!("fire never ends"),
+            }
+        })
+        .await
+        .expect("the shutdown ends the pause");
+        assert_eq!(gave_up.why, Why::Shutdown);
     }
 }

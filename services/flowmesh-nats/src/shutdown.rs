@@ -26,6 +26,13 @@ impl Trigger {
 }
 
 impl Shutdown {
+    /// A signal that never fires: for callers with no shutdown of their own (a command-line
+    /// call ends with its process).
+    pub fn never() -> Shutdown {
+        static NEVER: std::sync::OnceLock<watch::Sender<bool>> = std::sync::OnceLock::new();
+        Shutdown(NEVER.get_or_init(|| watch::channel(false).0).subscribe())
+    }
+
     pub fn is_set(&self) -> bool {
         *self.0.borrow()
     }

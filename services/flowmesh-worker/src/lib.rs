@@ -24,6 +24,7 @@ use flowmesh_domain::event::{
 use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
 use flowmesh_domain::work::WorkOrder;
 use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::retry::{Backoff, GaveUp};
 use flowmesh_nats::{Handles, Shutdown, Trigger, clock, publish, shutdown, subjects};
 use futures_util::StreamExt;
 use journal::{Entry, Journal};
@@ -71,9 +72,12 @@ struct Shared {
     idle_since_ms: Mutex<Option<u64>>,
     draining: std::sync::atomic::AtomicBool,
     warm: warm::WarmCache,
-    /// Fires when a stopping worker gives up storing reports (NATS unreachable past the drain
-    /// grace); the journal keeps them and the next start sends them.
-    abandon: Shutdown,
+    /// How reports are retried: until stored, or until a stopping worker gives up on them (NATS
+    /// unreachable past the drain grace); the journal keeps them and the next start sends them.
+    reporting: Backoff,
+    /// How uploads are retried: a few seconds (a stream electing a leader), observing the same
+    /// give-up as reports.
+    uploading: Backoff,
 }
 
 /// Builds the executors whose runtime dependency is present, logging why each missing one is missing.
@@ -229,28 +233,23 @@ impl Shared {
         }
     }
 
-    /// Publishes a report, retrying until the stream stores it (`true`) or a stopping worker
-    /// gives up (`false`). The journal holds it meanwhile, so a report that never got out is
-    /// sent after a restart.
-    async fn report(&self, event: &Event) -> bool {
-        let mut delay = Duration::from_millis(200);
-        let mut abandon = self.abandon.clone();
-        loop {
-            match publish::publish_event(&self.handles.js, event, Author::Worker(&self.config.worker_id)).await {
-                Ok(_) => return true,
-                Err(e) => {
-                    warn!(event = %event.id, error = %e, "report not stored yet; retrying");
-                    tokio::select! {
-                        _ = abandon.wait() => {
-                            warn!(event = %event.id, "stopping: the journal keeps this report for the next start");
-                            return false;
-                        }
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-            }
+    /// Publishes a report, retrying until the stream stores it, or until a stopping worker gives
+    /// up (`Err`). The journal holds it meanwhile, so a report that never got out is sent after a
+    /// restart.
+    async fn report(&self, event: &Event) -> Result<(), GaveUp<flowmesh_nats::EdgeError>> {
+        let author = Author::Worker(&self.config.worker_id);
+        let stored = self
+            .reporting
+            .retry(
+                &format!("storing report {}", event.id),
+                || publish::publish_event(&self.handles.js, event, author),
+                |_| true,
+            )
+            .await;
+        if stored.is_err() {
+            warn!(event = %event.id, "stopping: the journal keeps this report for the next start");
         }
+        stored.map(drop)
     }
 }
 
@@ -293,7 +292,9 @@ pub async fn run(
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
         draining: std::sync::atomic::AtomicBool::new(false),
         warm: warm::WarmCache::new(config.model_cache.clone(), config.heartbeat_interval),
-        abandon,
+        reporting: Backoff::new(Duration::from_millis(200), Duration::from_secs(5), abandon.clone()),
+        uploading: Backoff::new(Duration::from_millis(400), Duration::from_secs(4), abandon)
+            .within(Duration::from_secs(8)),
         config,
     });
     let id = shared.config.worker_id.clone();
@@ -307,7 +308,7 @@ pub async fn run(
 
     // Reports a previous run finished but could not send.
     for event in shared.journal.unreported() {
-        if shared.report(&event).await
+        if shared.report(&event).await.is_ok()
             && let Some(task) = event.body.task()
         {
             let _ = shared.journal.reported(&task.task_id, task.attempt, &event);
@@ -449,10 +450,10 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             Some(Entry::Finished { event, reported }) => {
                 // Finished before a crash or a redelivery: report again (same id), never re-run.
                 info!("already finished; re-sending the report");
-                if !reported && shared.report(&event).await {
+                if !reported && shared.report(&event).await.is_ok() {
                     let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
                 } else if reported {
-                    shared.report(&event).await;
+                    let _ = shared.report(&event).await;
                 }
                 let _ = message.ack().await;
                 return;
@@ -469,7 +470,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             warn!(error = %e, "journal write failed after the task ended");
         }
         failpoint("after-journal-finish");
-        if shared.report(&event).await {
+        if shared.report(&event).await.is_ok() {
             let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
         }
         if let Err(e) = message.ack().await {
@@ -541,7 +542,8 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                     message: update.message,
                     data: update.data,
                 });
-                shared.report(&Event::new(body, clock::now_rfc3339(), n)).await;
+                // Progress only: a stopping worker that gives up on it loses nothing it must keep.
+                let _ = shared.report(&Event::new(body, clock::now_rfc3339(), n)).await;
                 n += 1;
             }
         })
@@ -598,7 +600,9 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                 Err(_) => tokio::join!(outcome, start_stored),
             };
             if !start_stored {
-                shared.report(&started).await;
+                // The terminal report (journalled) carries `started_at`; a start given up on by a
+                // stopping worker is not needed to fold the task's end.
+                let _ = shared.report(&started).await;
             }
             (outcome, true)
         }
@@ -907,37 +911,53 @@ enum Source<'a> {
     Bytes(&'a [u8]),
 }
 
+/// Stores one object in the worker's own store, trying again for a few seconds (a stream
+/// electing a leader); a stopping worker gives up at once.
 async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(u64, String), String> {
-    let mut last = String::new();
-    for attempt in 0..5 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-        }
+    let put = || async {
         let stored = match source {
             Source::File(path) => {
-                let mut file = match tokio::fs::File::open(path).await {
-                    Ok(f) => f,
-                    Err(e) => return Err(format!("reading {}: {e}", path.display())),
-                };
+                let mut file = tokio::fs::File::open(path)
+                    .await
+                    .map_err(|e| Upload::Permanent(format!("reading {}: {e}", path.display())))?;
                 shared.artifacts.put(name, &mut file).await
             }
             Source::Bytes(mut bytes) => shared.artifacts.put(name, &mut bytes).await,
         };
-        match stored {
-            Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
+        let info = match stored {
+            Ok(info) => info,
             // An object of that name existed (an earlier attempt's) and the new one is stored;
             // only the old chunks stay behind, since no role but the admin may purge.
             Err(e) if e.kind() == async_nats::jetstream::object_store::PutErrorKind::PurgeOldChunks => {
                 tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until an admin compacts");
-                match shared.artifacts.info(name).await {
-                    Ok(info) => return Ok((info.size as u64, info.digest.unwrap_or_default())),
-                    Err(e) => last = e.to_string(),
-                }
+                shared.artifacts.info(name).await.map_err(|e| Upload::Transient(e.to_string()))?
             }
-            Err(e) => last = e.to_string(),
+            Err(e) => return Err(Upload::Transient(e.to_string())),
+        };
+        Ok((info.size as u64, info.digest.unwrap_or_default()))
+    };
+    shared.uploading.retry(&format!("storing {name}"), put, |e| matches!(e, Upload::Transient(_))).await.map_err(
+        |gave_up| match gave_up.last {
+            Upload::Permanent(why) => why,
+            Upload::Transient(why) => format!("storing {name} in {}: {why}", shared.config.artifacts_bucket),
+        },
+    )
+}
+
+/// Why one upload attempt failed: a file that cannot be read stays unreadable; the store may answer
+/// next time.
+#[derive(Debug)]
+enum Upload {
+    Permanent(String),
+    Transient(String),
+}
+
+impl std::fmt::Display for Upload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Upload::Permanent(why) | Upload::Transient(why) => f.write_str(why),
         }
     }
-    Err(format!("storing {name} in {}: {last}", shared.config.artifacts_bucket))
 }
 
 /// Every file under `dir`, named by its path relative to `dir`, in a stable order.
