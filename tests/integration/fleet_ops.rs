@@ -2,6 +2,7 @@
 //! showing what operators asked, and `workerTags` selecting workers by their WORKER_TAGS.
 
 use flowmesh_domain::EventBody;
+use flowmesh_domain::event::FailureReason;
 use futures_util::StreamExt;
 use tests::{World, output_text, worker_config};
 
@@ -80,7 +81,11 @@ async fn worker_tags_select_workers_and_plan_explains_them() -> anyhow::Result<(
         "{:?}",
         tests::kinds(&events)
     );
-    assert!(events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "no_eligible_worker")));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
+    );
     world.shutdown().await;
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! (`./tools/install-deps.sh --ml`); CI installs them.
 
 use flowmesh_domain::EventBody;
-use flowmesh_domain::event::Event;
+use flowmesh_domain::event::{Event, FailureReason};
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_worker::Config;
 use serde_json::Value;
@@ -272,7 +272,11 @@ async fn a_worker_whose_runners_cannot_import_torch_never_receives_inference() -
     let wf = world.submit(INFERENCE.as_bytes(), None).await?;
     let events = world.wait_workflow_end(&wf).await?;
     assert!(!kinds(&events).contains(&"task.dispatched"), "never sent to a worker that cannot run it");
-    assert!(events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "no_eligible_worker")));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
+    );
     world.shutdown().await;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! conditions, worker loss, router crashes and hand-over.
 
 use flowmesh_domain::EventBody;
+use flowmesh_domain::event::FailureReason;
 use flowmesh_domain::fleet::{Gpu, Hardware};
 use tests::{World, example, kinds, worker_config};
 
@@ -66,7 +67,7 @@ async fn on_a_cpu_fleet_ppo_fails_with_an_explanation_while_echo_completes() -> 
         _ => None,
     });
     let failed = failed.expect("task.failed");
-    assert_eq!(failed.reason, "no_eligible_worker");
+    assert_eq!(failed.reason, FailureReason::NoEligibleWorker);
     assert_eq!(failed.message, "0/2 workers can run stage \"main\": 2 do not serve task type \"ppo\"");
     let pending = ppo_events.iter().find_map(|e| match &e.body {
         EventBody::TaskPending(p) if p.explanation.workers == 2 => Some(p.clone()),

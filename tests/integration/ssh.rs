@@ -1,6 +1,7 @@
 //! `ssh` tasks through the whole stack, against the real Docker engine of this machine.
 
 use flowmesh_domain::EventBody;
+use flowmesh_domain::event::FailureReason;
 use flowmesh_domain::fleet::WorkerSnapshot;
 use tests::{World, kinds};
 
@@ -90,7 +91,7 @@ async fn a_worker_without_docker_does_not_advertise_ssh_and_gets_no_ssh_work() -
     let events = world.wait_workflow_end(&wf).await?;
     assert!(!kinds(&events).contains(&"task.dispatched"));
     assert!(events.iter().any(
-        |e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "no_eligible_worker" && f.message.contains("do"))
+        |e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker && f.message.contains("do"))
     ));
     assert!(world.process_log("nodocker").contains("ssh"), "the worker says why ssh is missing");
     world.shutdown().await;

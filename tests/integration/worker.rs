@@ -1,6 +1,7 @@
 //! Workers: what they advertise, and that no crash, stop or outage loses or repeats work.
 
 use flowmesh_domain::EventBody;
+use flowmesh_domain::event::FailureReason;
 use flowmesh_domain::fleet::{Hardware, WorkerSnapshot};
 use tests::{World, kinds, worker_config};
 
@@ -61,7 +62,11 @@ command = ["/bin/true"]
         world.submit(b"apiVersion: flowmesh/v1\nkind: DPO\nmetadata: {name: d}\nspec: {taskType: dpo}\n", None).await?;
     let events = world.wait_workflow_end(&wf).await?;
     assert!(!kinds(&events).contains(&"task.dispatched"), "never sent to a worker that cannot run it");
-    assert!(events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "no_eligible_worker")));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
+    );
     world.shutdown().await;
     Ok(())
 }
@@ -235,7 +240,9 @@ async fn a_draining_worker_hands_back_what_outlives_its_grace_and_another_worker
     let events = world.wait_workflow_end(&wf).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
     assert!(
-        events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == "handed_back" && f.retryable))
+        events.iter().any(
+            |e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::HandedBack && f.retryable)
+        )
     );
     assert!(
         events

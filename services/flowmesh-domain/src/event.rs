@@ -147,9 +147,81 @@ pub struct TaskFailed {
     pub task: TaskRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<String>,
-    pub reason: String,
+    pub reason: FailureReason,
     pub message: String,
     pub retryable: bool,
+}
+
+/// Declares `FailureReason` from one list of `"name" => Variant`: the name on the wire and
+/// `as_str` are the same literal. Any other name reads as `Other`, so a reason written by a newer
+/// service still folds.
+macro_rules! failure_reasons {
+    ($($(#[$doc:meta])* $name:literal => $variant:ident,)*) => {
+        /// Why a task failed, as `task.failed` names it (`reason`).
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        #[serde(from = "String", into = "String")]
+        pub enum FailureReason {
+            $($(#[$doc])* $variant,)*
+            /// A reason this version does not know.
+            Other(String),
+        }
+
+        impl FailureReason {
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(FailureReason::$variant => $name,)*
+                    FailureReason::Other(name) => name,
+                }
+            }
+        }
+
+        impl From<String> for FailureReason {
+            fn from(name: String) -> FailureReason {
+                match name.as_str() {
+                    $($name => FailureReason::$variant,)*
+                    _ => FailureReason::Other(name),
+                }
+            }
+        }
+    };
+}
+
+failure_reasons! {
+    /// The executor failed (its message says how); `retryable` says whether it asked for a retry.
+    "executor_error" => ExecutorError,
+    /// Killed at `maxRuntimeSeconds`.
+    "max_runtime_exceeded" => MaxRuntimeExceeded,
+    /// A declared artifact was not in the output folder.
+    "missing_artifact" => MissingArtifact,
+    /// The results or artifacts could not be stored.
+    "result_upload_failed" => ResultUploadFailed,
+    /// A draining worker stopped before the task finished and handed it back.
+    "handed_back" => HandedBack,
+    /// The worker holding the last attempt left the fleet.
+    "worker_lost" => WorkerLost,
+    /// An upstream stage failed or was cancelled.
+    "upstream_failed" => UpstreamFailed,
+    /// The stage's spec did not resolve (templates, upstream values).
+    "spec_resolution_failed" => SpecResolutionFailed,
+    /// The resolved spec is not valid for its task type.
+    "spec_validation_failed" => SpecValidationFailed,
+    /// No worker in the fleet can run it (the message explains why, worker by worker).
+    "no_eligible_worker" => NoEligibleWorker,
+}
+
+impl From<FailureReason> for String {
+    fn from(reason: FailureReason) -> String {
+        match reason {
+            FailureReason::Other(name) => name,
+            known => known.as_str().to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for FailureReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -223,55 +295,52 @@ pub struct WorkerPrewarm {
     pub model: String,
 }
 
-/// Every kind of event. Matched exhaustively everywhere; there is no catch-all.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
-pub enum EventBody {
-    #[serde(rename = "submission.accepted")]
-    SubmissionAccepted(SubmissionAccepted),
-    #[serde(rename = "submission.rejected")]
-    SubmissionRejected(SubmissionRejected),
-    #[serde(rename = "task.pending")]
-    TaskPending(TaskPending),
-    #[serde(rename = "task.dispatched")]
-    TaskDispatched(TaskDispatched),
-    #[serde(rename = "task.merged")]
-    TaskMerged(TaskMerged),
-    #[serde(rename = "task.started")]
-    TaskStarted(TaskStarted),
-    #[serde(rename = "task.updated")]
-    TaskUpdated(TaskUpdated),
-    #[serde(rename = "task.completed")]
-    TaskCompleted(TaskCompleted),
-    #[serde(rename = "task.failed")]
-    TaskFailed(TaskFailed),
-    #[serde(rename = "task.requeued")]
-    TaskRequeued(TaskRequeued),
-    #[serde(rename = "task.skipped")]
-    TaskSkipped(TaskSkipped),
-    #[serde(rename = "task.cancel_requested")]
-    TaskCancelRequested(TaskCancelRequested),
-    #[serde(rename = "task.cancelled")]
-    TaskCancelled(TaskCancelled),
-    #[serde(rename = "workflow.completed")]
-    WorkflowCompleted(WorkflowEnded),
-    #[serde(rename = "workflow.failed")]
-    WorkflowFailed(WorkflowEnded),
-    #[serde(rename = "workflow.cancelled")]
-    WorkflowCancelled(WorkflowEnded),
-    #[serde(rename = "worker.joined")]
-    WorkerJoined(WorkerJoined),
-    #[serde(rename = "worker.lost")]
-    WorkerLost(WorkerLost),
-    #[serde(rename = "worker.cordoned")]
-    WorkerCordoned(WorkerCordon),
-    #[serde(rename = "worker.uncordoned")]
-    WorkerUncordoned(WorkerCordon),
+/// Declares `EventBody` from one list of `"tag" => Variant(Body)`: the serde tag and `kind()`
+/// are the same literal, so they cannot disagree.
+macro_rules! event_bodies {
+    ($($(#[$doc:meta])* $tag:literal => $variant:ident($body:ty),)*) => {
+        /// Every kind of event. Matched exhaustively everywhere; there is no catch-all.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "type")]
+        pub enum EventBody {
+            $($(#[$doc])* #[serde(rename = $tag)] $variant($body),)*
+        }
+
+        impl EventBody {
+            /// The `type` field, e.g. `task.completed`: the serde tag.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(EventBody::$variant(_) => $tag,)*
+                }
+            }
+        }
+    };
+}
+
+event_bodies! {
+    "submission.accepted" => SubmissionAccepted(SubmissionAccepted),
+    "submission.rejected" => SubmissionRejected(SubmissionRejected),
+    "task.pending" => TaskPending(TaskPending),
+    "task.dispatched" => TaskDispatched(TaskDispatched),
+    "task.merged" => TaskMerged(TaskMerged),
+    "task.started" => TaskStarted(TaskStarted),
+    "task.updated" => TaskUpdated(TaskUpdated),
+    "task.completed" => TaskCompleted(TaskCompleted),
+    "task.failed" => TaskFailed(TaskFailed),
+    "task.requeued" => TaskRequeued(TaskRequeued),
+    "task.skipped" => TaskSkipped(TaskSkipped),
+    "task.cancel_requested" => TaskCancelRequested(TaskCancelRequested),
+    "task.cancelled" => TaskCancelled(TaskCancelled),
+    "workflow.completed" => WorkflowCompleted(WorkflowEnded),
+    "workflow.failed" => WorkflowFailed(WorkflowEnded),
+    "workflow.cancelled" => WorkflowCancelled(WorkflowEnded),
+    "worker.joined" => WorkerJoined(WorkerJoined),
+    "worker.lost" => WorkerLost(WorkerLost),
+    "worker.cordoned" => WorkerCordoned(WorkerCordon),
+    "worker.uncordoned" => WorkerUncordoned(WorkerCordon),
     /// An operator asked the worker to drain: no new work; what runs finishes. Uncordoning ends it.
-    #[serde(rename = "worker.drain_requested")]
-    WorkerDrainRequested(WorkerCordon),
-    #[serde(rename = "worker.prewarm_requested")]
-    WorkerPrewarmRequested(WorkerPrewarm),
+    "worker.drain_requested" => WorkerDrainRequested(WorkerCordon),
+    "worker.prewarm_requested" => WorkerPrewarmRequested(WorkerPrewarm),
 }
 
 /// The subject token used when an event has no workflow (fleet events) or no task.
@@ -280,34 +349,6 @@ pub const NO_SCOPE: &str = "_";
 pub const FLEET_SCOPE: &str = "fleet";
 
 impl EventBody {
-    /// The `type` field, e.g. `task.completed`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            EventBody::SubmissionAccepted(_) => "submission.accepted",
-            EventBody::SubmissionRejected(_) => "submission.rejected",
-            EventBody::TaskPending(_) => "task.pending",
-            EventBody::TaskDispatched(_) => "task.dispatched",
-            EventBody::TaskMerged(_) => "task.merged",
-            EventBody::TaskStarted(_) => "task.started",
-            EventBody::TaskUpdated(_) => "task.updated",
-            EventBody::TaskCompleted(_) => "task.completed",
-            EventBody::TaskFailed(_) => "task.failed",
-            EventBody::TaskRequeued(_) => "task.requeued",
-            EventBody::TaskSkipped(_) => "task.skipped",
-            EventBody::TaskCancelRequested(_) => "task.cancel_requested",
-            EventBody::TaskCancelled(_) => "task.cancelled",
-            EventBody::WorkflowCompleted(_) => "workflow.completed",
-            EventBody::WorkflowFailed(_) => "workflow.failed",
-            EventBody::WorkflowCancelled(_) => "workflow.cancelled",
-            EventBody::WorkerJoined(_) => "worker.joined",
-            EventBody::WorkerLost(_) => "worker.lost",
-            EventBody::WorkerCordoned(_) => "worker.cordoned",
-            EventBody::WorkerUncordoned(_) => "worker.uncordoned",
-            EventBody::WorkerDrainRequested(_) => "worker.drain_requested",
-            EventBody::WorkerPrewarmRequested(_) => "worker.prewarm_requested",
-        }
-    }
-
     /// The task this event is about, if any.
     pub fn task(&self) -> Option<&TaskRef> {
         match self {

@@ -5,8 +5,8 @@
 
 use crate::echo;
 use crate::event::{
-    EventBody, TaskCancelled, TaskCompleted, TaskDispatched, TaskFailed, TaskMerged, TaskPending, TaskRef,
-    TaskRequeued, TaskSkipped, WorkflowEnded,
+    EventBody, FailureReason, TaskCancelled, TaskCompleted, TaskDispatched, TaskFailed, TaskMerged, TaskPending,
+    TaskRef, TaskRequeued, TaskSkipped, WorkflowEnded,
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
 use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
@@ -301,7 +301,7 @@ fn decide_workflow(
                     EventBody::TaskFailed(TaskFailed {
                         task: tref,
                         worker_id: Some(worker.to_owned()),
-                        reason: "worker_lost".to_owned(),
+                        reason: FailureReason::WorkerLost,
                         message: format!("worker {worker} was lost on the last of {} attempts", t.def.max_attempts),
                         retryable: false,
                     })
@@ -356,11 +356,11 @@ fn decide_waiting(
     requests: &mut Requests,
     leaders: &mut HashMap<String, String>,
 ) -> Option<Action> {
-    let fail = |tref: TaskRef, reason: &str, message: String| {
+    let fail = |tref: TaskRef, reason: FailureReason, message: String| {
         Some(Action::Publish(EventBody::TaskFailed(TaskFailed {
             task: tref,
             worker_id: None,
-            reason: reason.to_owned(),
+            reason,
             message,
             retryable: false,
         })))
@@ -381,7 +381,7 @@ fn decide_waiting(
             TaskStatus::Failed | TaskStatus::Cancelled => {
                 return fail(
                     tref,
-                    "upstream_failed",
+                    FailureReason::UpstreamFailed,
                     format!("upstream stage {dep:?} did not complete ({:?})", d.status),
                 );
             }
@@ -435,16 +435,16 @@ fn decide_waiting(
     if !requests.known.contains_key(&key) {
         let spec = match resolve_spec(wf, t) {
             Ok(spec) => spec,
-            Err(message) => return fail(tref, "spec_resolution_failed", message),
+            Err(message) => return fail(tref, FailureReason::SpecResolutionFailed, message),
         };
         let problems = validate_dispatchable(&spec, &t.def.spec_path);
         if !problems.is_empty() {
             let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            return fail(tref, "spec_validation_failed", text.join("; "));
+            return fail(tref, FailureReason::SpecValidationFailed, text.join("; "));
         }
         let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
             Ok(r) => r,
-            Err(message) => return fail(tref, "spec_validation_failed", message),
+            Err(message) => return fail(tref, FailureReason::SpecValidationFailed, message),
         };
         requests.known.insert(key.clone(), request);
         resolved = Some(spec);
@@ -455,7 +455,7 @@ fn decide_waiting(
             // Resolution is deterministic: what resolved in an earlier round resolves the same now.
             let spec = match resolved.map_or_else(|| resolve_spec(wf, t), Ok) {
                 Ok(spec) => spec,
-                Err(message) => return fail(tref, "spec_resolution_failed", message),
+                Err(message) => return fail(tref, FailureReason::SpecResolutionFailed, message),
             };
             let order = work_order(wf, t, spec);
             let message = explanation.map(|e| e.message).unwrap_or_else(|| {
@@ -470,7 +470,7 @@ fn decide_waiting(
             if let Some(since) = since
                 && now_ms.saturating_sub(since) >= config.no_worker_grace_ms
             {
-                return fail(tref, "no_eligible_worker", explanation.message);
+                return fail(tref, FailureReason::NoEligibleWorker, explanation.message);
             }
             if t.pending_message.as_deref() == Some(explanation.message.as_str()) && t.unplaceable_since_ms == since {
                 return None;
@@ -491,7 +491,7 @@ fn decide_waiting(
             }
             Some(Action::Publish(EventBody::TaskPending(TaskPending {
                 task: tref,
-                reason: if unplaceable { "no_eligible_worker" } else { "busy" }.to_owned(),
+                reason: if unplaceable { FailureReason::NoEligibleWorker.as_str() } else { "busy" }.to_owned(),
                 message: explanation.message.clone(),
                 explanation,
                 unplaceable_since_ms: since,

@@ -31,6 +31,22 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// The name on the wire, in tables and in filters (`--status`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Waiting => "waiting",
+            TaskStatus::Pending => "pending",
+            TaskStatus::Dispatched => "dispatched",
+            TaskStatus::Running => "running",
+            TaskStatus::Retrying => "retrying",
+            TaskStatus::Merged => "merged",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Skipped => "skipped",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+
     pub fn is_terminal(self) -> bool {
         matches!(self, TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Skipped | TaskStatus::Cancelled)
     }
@@ -79,6 +95,18 @@ pub enum WorkflowStatus {
     Completed,
     Failed,
     Cancelled,
+}
+
+impl WorkflowStatus {
+    /// The name on the wire, in tables and in filters (`--status`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkflowStatus::Running => "running",
+            WorkflowStatus::Completed => "completed",
+            WorkflowStatus::Failed => "failed",
+            WorkflowStatus::Cancelled => "cancelled",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -245,7 +273,7 @@ impl State {
                 if let Some(worker) = &e.worker_id {
                     t.failed_on.insert(worker.clone());
                 }
-                t.reason = Some(e.reason.clone());
+                t.reason = Some(e.reason.to_string());
                 t.message = Some(e.message.clone());
                 Applied::Changed
             }),
@@ -438,5 +466,33 @@ impl Upstream for WorkflowUpstream<'_> {
     }
     fn result(&self, stage: &str) -> Option<&Value> {
         self.0.task(stage).filter(|t| t.status == TaskStatus::Completed).and_then(|t| t.result.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_are_their_serde_names() {
+        use TaskStatus as T;
+        for status in [
+            T::Waiting,
+            T::Pending,
+            T::Dispatched,
+            T::Running,
+            T::Retrying,
+            T::Merged,
+            T::Completed,
+            T::Failed,
+            T::Skipped,
+            T::Cancelled,
+        ] {
+            assert_eq!(serde_json::to_value(status).unwrap(), status.as_str(), "{status:?}");
+        }
+        use WorkflowStatus as W;
+        for status in [W::Running, W::Completed, W::Failed, W::Cancelled] {
+            assert_eq!(serde_json::to_value(status).unwrap(), status.as_str(), "{status:?}");
+        }
     }
 }

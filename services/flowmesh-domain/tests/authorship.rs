@@ -2,7 +2,8 @@
 //! the subject's author may write that kind. One table, one `check`.
 
 use flowmesh_domain::event::{
-    Author, MAX_EVENT_BYTES, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskStarted, Unreadable, WorkflowEnded,
+    Author, FailureReason, MAX_EVENT_BYTES, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskStarted,
+    Unreadable, WorkflowEnded,
 };
 use flowmesh_domain::{Event, EventBody};
 
@@ -31,7 +32,7 @@ fn failed(worker: Option<&str>) -> Event {
     let body = EventBody::TaskFailed(TaskFailed {
         task: task(),
         worker_id: worker.map(str::to_owned),
-        reason: "r".into(),
+        reason: FailureReason::ExecutorError,
         message: "m".into(),
         retryable: false,
     });

@@ -2,7 +2,8 @@
 //! scenario plays the workers, `State::apply` folds everything back.
 
 use flowmesh_domain::event::{
-    Event, EventBody, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskFailed, TaskPending, TaskRef, TaskStarted,
+    Event, EventBody, FailureReason, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskFailed, TaskPending,
+    TaskRef, TaskStarted,
 };
 mod common;
 
@@ -115,7 +116,7 @@ impl Scenario {
         self.apply(EventBody::TaskFailed(TaskFailed {
             task: self.tref(stage, attempt),
             worker_id: Some(worker.into()),
-            reason: "executor_error".into(),
+            reason: FailureReason::ExecutorError,
             message: "boom".into(),
             retryable,
         }))

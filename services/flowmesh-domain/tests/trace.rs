@@ -2,8 +2,8 @@
 //! critical path.
 
 use flowmesh_domain::event::{
-    SubmissionAccepted, SubmissionRef, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskRequeued, TaskStarted,
-    WorkflowEnded,
+    FailureReason, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskRequeued,
+    TaskStarted, WorkflowEnded,
 };
 use flowmesh_domain::trace::{Phase, Trace, trace, unix_ms};
 use flowmesh_domain::{Event, EventBody, validate_submission};
@@ -139,7 +139,7 @@ fn a_retried_attempt_counts_its_failed_run_and_its_second_queue() {
         EventBody::TaskFailed(TaskFailed {
             task: Log::task("a", 1),
             worker_id: Some("w1".into()),
-            reason: "boom".into(),
+            reason: FailureReason::Other("boom".into()),
             message: String::new(),
             retryable: true,
         }),

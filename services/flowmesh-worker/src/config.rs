@@ -1,7 +1,7 @@
 //! The worker's configuration: every setting a flag and an environment variable, checked once.
 
 use flowmesh_domain::fleet::{Hardware, SshLimits};
-use flowmesh_domain::{ids, units};
+use flowmesh_domain::ids;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,39 +14,39 @@ pub struct WorkerArgs {
     /// Comma-separated tags shown in the snapshot.
     #[arg(long, env = "WORKER_TAGS", default_value = "")]
     pub worker_tags: String,
-    #[arg(long, env = "HEARTBEAT_INTERVAL_SEC", default_value = "30", allow_hyphen_values = true)]
-    pub heartbeat_interval_sec: String,
+    #[arg(long, env = "HEARTBEAT_INTERVAL_SEC", default_value = "30", allow_hyphen_values = true, value_parser = parse::positive)]
+    pub heartbeat_interval_sec: u64,
     /// Default: max(4 × interval, 120).
-    #[arg(long, env = "WORKER_TTL_SEC", allow_hyphen_values = true)]
-    pub worker_ttl_sec: Option<String>,
+    #[arg(long, env = "WORKER_TTL_SEC", allow_hyphen_values = true, value_parser = parse::positive)]
+    pub worker_ttl_sec: Option<u64>,
     #[arg(long, env = "RESULTS_DIR", default_value = "./flowmesh-results")]
     pub results_dir: PathBuf,
-    #[arg(long, env = "WORKER_COST_PER_HOUR", default_value = "1.0", allow_hyphen_values = true)]
-    pub worker_cost_per_hour: String,
+    #[arg(long, env = "WORKER_COST_PER_HOUR", default_value = "1.0", allow_hyphen_values = true, value_parser = parse::cost)]
+    pub worker_cost_per_hour: f64,
     /// Tasks run at once. Default: 2.
-    #[arg(long, env = "WORKER_BATCH_SLOTS", default_value = "2", allow_hyphen_values = true)]
-    pub worker_batch_slots: String,
+    #[arg(long, env = "WORKER_BATCH_SLOTS", default_value = "2", allow_hyphen_values = true, value_parser = parse::positive_u32)]
+    pub worker_batch_slots: u32,
     /// Long-lived services (`serve`) run at once.
-    #[arg(long, env = "WORKER_SERVICE_SLOTS", default_value = "1", allow_hyphen_values = true)]
-    pub worker_service_slots: String,
+    #[arg(long, env = "WORKER_SERVICE_SLOTS", default_value = "1", allow_hyphen_values = true, value_parser = parse::count)]
+    pub worker_service_slots: u32,
     /// Cap on CPUs of an ssh container (> 0).
-    #[arg(long, env = "SSH_MAX_CPU", allow_hyphen_values = true)]
-    pub ssh_max_cpu: Option<String>,
+    #[arg(long, env = "SSH_MAX_CPU", allow_hyphen_values = true, value_parser = parse::cpus)]
+    pub ssh_max_cpu: Option<f64>,
     /// Cap on memory of an ssh container (e.g. 8Gi).
-    #[arg(long, env = "SSH_MAX_MEMORY", allow_hyphen_values = true)]
-    pub ssh_max_memory: Option<String>,
+    #[arg(long, env = "SSH_MAX_MEMORY", allow_hyphen_values = true, value_parser = parse::memory)]
+    pub ssh_max_memory: Option<u64>,
     /// Cap on processes in an ssh container (> 0).
-    #[arg(long, env = "SSH_MAX_PIDS", allow_hyphen_values = true)]
-    pub ssh_max_pids: Option<String>,
+    #[arg(long, env = "SSH_MAX_PIDS", allow_hyphen_values = true, value_parser = parse::positive)]
+    pub ssh_max_pids: Option<u64>,
     /// The host name users connect to for interactive ssh sessions. Default: the hostname.
     #[arg(long, env = "SSH_PUBLIC_HOST")]
     pub ssh_public_host: Option<String>,
     /// The address an interactive session's port is published on.
-    #[arg(long, env = "SSH_BIND_ADDRESS", default_value = "0.0.0.0")]
-    pub ssh_bind_address: String,
+    #[arg(long, env = "SSH_BIND_ADDRESS", default_value = "0.0.0.0", value_parser = parse::ip)]
+    pub ssh_bind_address: std::net::IpAddr,
     /// Give ssh containers only the GPUs they asked for.
-    #[arg(long, env = "ENABLE_SSH_GPU_LIMIT", default_value = "false")]
-    pub enable_ssh_gpu_limit: String,
+    #[arg(long, env = "ENABLE_SSH_GPU_LIMIT", default_value = "false", action = clap::ArgAction::Set, value_parser = parse::switch)]
+    pub enable_ssh_gpu_limit: bool,
     /// TOML file declaring plugin executors.
     #[arg(long, env = "FLOWMESH_EXECUTORS")]
     pub flowmesh_executors: Option<PathBuf>,
@@ -63,15 +63,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "FLOWMESH_SIMULATE_HW")]
     pub flowmesh_simulate_hw: Option<String>,
     /// Seconds before an unacknowledged work order is redelivered (progress acks extend it while a task runs).
-    #[arg(long, env = "WORKER_ACK_WAIT_SEC", default_value = "60", allow_hyphen_values = true)]
-    pub worker_ack_wait_sec: String,
+    #[arg(long, env = "WORKER_ACK_WAIT_SEC", default_value = "60", allow_hyphen_values = true, value_parser = parse::positive)]
+    pub worker_ack_wait_sec: u64,
     /// A Hugging Face hub cache whose models the snapshot advertises as warm (placement prefers
     /// a worker that has a task's model). Default: HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub.
     #[arg(long, env = "WORKER_MODEL_CACHE")]
     pub worker_model_cache: Option<PathBuf>,
     /// Seconds in-flight tasks get to finish on SIGTERM before they are handed back.
-    #[arg(long, env = "WORKER_DRAIN_GRACE_SEC", default_value = "30", allow_hyphen_values = true)]
-    pub worker_drain_grace_sec: String,
+    #[arg(long, env = "WORKER_DRAIN_GRACE_SEC", default_value = "30", allow_hyphen_values = true, value_parser = parse::positive)]
+    pub worker_drain_grace_sec: u64,
     /// The object store for this worker's results, logs and artifacts. Default: its own,
     /// `flowmesh_artifacts_<WORKER_ID>` (created at start; only this worker may write it). Workers
     /// that share one NATS user (no identity of their own) set the shared `flowmesh_artifacts`.
@@ -137,7 +137,8 @@ impl Config {
     }
 }
 
-/// A setting that cannot be used; the message names the variable.
+/// A setting that cannot be used; the message names the variable. (Settings with a type of their
+/// own are refused by `parse` while the flags are read; clap's message names the variable too.)
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("{variable}: {message}")]
 pub struct ConfigError {
@@ -149,15 +150,67 @@ fn bad(variable: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError { variable, message: message.into() }
 }
 
-fn positive_int(variable: &'static str, text: &str) -> Result<u64, ConfigError> {
-    match text.trim().parse::<i64>() {
-        Ok(n) if n > 0 => Ok(n as u64),
-        _ => Err(bad(variable, format!("expected a whole number greater than 0, found {text:?}"))),
+/// The typed settings' parsers: each says what it expected and what it found.
+mod parse {
+    use flowmesh_domain::units;
+
+    pub fn positive(text: &str) -> Result<u64, String> {
+        match text.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("expected a whole number greater than 0, found {text:?}")),
+        }
+    }
+
+    pub fn positive_u32(text: &str) -> Result<u32, String> {
+        positive(text).and_then(|n| u32::try_from(n).map_err(|_| format!("expected at most {}, found {n}", u32::MAX)))
+    }
+
+    pub fn count(text: &str) -> Result<u32, String> {
+        text.trim().parse().map_err(|_| format!("expected a whole number >= 0, found {text:?}"))
+    }
+
+    pub fn cost(text: &str) -> Result<f64, String> {
+        match text.trim().parse::<f64>() {
+            Ok(c) if c.is_finite() && c >= 0.0 => Ok(c),
+            _ => Err(format!("expected a number >= 0, found {text:?}")),
+        }
+    }
+
+    pub fn cpus(text: &str) -> Result<f64, String> {
+        match text.trim().parse::<f64>() {
+            Ok(c) if c.is_finite() && c > 0.0 => Ok(c),
+            _ => Err(format!("expected a number of CPUs greater than 0, found {text:?}")),
+        }
+    }
+
+    pub fn memory(text: &str) -> Result<u64, String> {
+        match units::parse_memory(text)? {
+            0 => Err("expected a memory size greater than 0, found \"0\"".to_owned()),
+            bytes => Ok(bytes),
+        }
+    }
+
+    pub fn ip(text: &str) -> Result<std::net::IpAddr, String> {
+        text.trim().parse().map_err(|_| format!("expected an IP address, found {text:?}"))
+    }
+
+    pub fn switch(text: &str) -> Result<bool, String> {
+        match text.trim().to_lowercase().as_str() {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" | "" => Ok(false),
+            other => Err(format!("expected true or false, found {other:?}")),
+        }
     }
 }
 
+/// An optional setting given as an empty string reads as absent.
+fn given(text: &Option<String>) -> Option<&str> {
+    text.as_deref().map(str::trim).filter(|t| !t.is_empty())
+}
+
 impl WorkerArgs {
-    /// Checks every setting; the first bad one stops the worker with a message naming it.
+    /// Checks what the flags' types cannot: the worker id, settings that depend on each other,
+    /// JSON; the first bad one stops the worker with a message naming it.
     pub fn config(&self, hostname: &str) -> Result<Config, ConfigError> {
         let worker_id = self
             .worker_id
@@ -169,90 +222,43 @@ impl WorkerArgs {
                 format!("expected letters, digits, '-' or '_' (at most 128), found {worker_id:?}"),
             ));
         }
-        let interval = positive_int("HEARTBEAT_INTERVAL_SEC", &self.heartbeat_interval_sec)?;
-        let ttl = match &self.worker_ttl_sec {
-            Some(text) => positive_int("WORKER_TTL_SEC", text)?,
-            None => (4 * interval).max(120),
-        };
-        if self.ssh_bind_address.parse::<std::net::IpAddr>().is_err() {
-            return Err(bad("SSH_BIND_ADDRESS", format!("expected an IP address, found {:?}", self.ssh_bind_address)));
-        }
+        let interval = self.heartbeat_interval_sec;
+        let ttl = self.worker_ttl_sec.unwrap_or((4 * interval).max(120));
         if ttl <= interval {
             return Err(bad("WORKER_TTL_SEC", format!("must exceed HEARTBEAT_INTERVAL_SEC ({interval}), found {ttl}")));
         }
-        let cost_per_hour = match self.worker_cost_per_hour.trim().parse::<f64>() {
-            Ok(c) if c.is_finite() && c >= 0.0 => c,
-            _ => {
-                return Err(bad(
-                    "WORKER_COST_PER_HOUR",
-                    format!("expected a number >= 0, found {:?}", self.worker_cost_per_hour),
-                ));
-            }
-        };
-        let batch_slots = positive_int("WORKER_BATCH_SLOTS", &self.worker_batch_slots)? as u32;
-        let service_slots = match self.worker_service_slots.trim().parse::<u32>() {
-            Ok(n) => n,
-            Err(_) => {
-                return Err(bad(
-                    "WORKER_SERVICE_SLOTS",
-                    format!("expected a whole number >= 0, found {:?}", self.worker_service_slots),
-                ));
-            }
-        };
-        let max_cpu = match &self.ssh_max_cpu {
+        let simulate_hw = match given(&self.flowmesh_simulate_hw) {
             None => None,
-            Some(text) => match text.trim().parse::<f64>() {
-                Ok(c) if c.is_finite() && c > 0.0 => Some(c),
-                _ => {
-                    return Err(bad(
-                        "SSH_MAX_CPU",
-                        format!("expected a number of CPUs greater than 0, found {text:?}"),
-                    ));
-                }
-            },
-        };
-        let max_memory_bytes = match &self.ssh_max_memory {
-            None => None,
-            Some(text) => match units::parse_memory(text) {
-                Ok(0) => {
-                    return Err(bad("SSH_MAX_MEMORY", "expected a memory size greater than 0, found \"0\""));
-                }
-                Ok(bytes) => Some(bytes),
-                Err(message) => return Err(bad("SSH_MAX_MEMORY", message)),
-            },
-        };
-        let max_pids = match &self.ssh_max_pids {
-            None => None,
-            Some(text) => Some(positive_int("SSH_MAX_PIDS", text)? as i64),
-        };
-        let ssh_gpu_limit = match self.enable_ssh_gpu_limit.trim().to_lowercase().as_str() {
-            "true" | "1" | "yes" => true,
-            "false" | "0" | "no" | "" => false,
-            other => {
-                return Err(bad("ENABLE_SSH_GPU_LIMIT", format!("expected true or false, found {other:?}")));
-            }
-        };
-        let simulate_hw = match &self.flowmesh_simulate_hw {
-            None => None,
-            Some(text) if text.trim().is_empty() => None,
             Some(text) => Some(serde_json::from_str::<Hardware>(text).map_err(|e| {
                 bad("FLOWMESH_SIMULATE_HW", format!("expected JSON shaped like the snapshot's hardware: {e}"))
             })?),
         };
-        let drain_grace = positive_int("WORKER_DRAIN_GRACE_SEC", &self.worker_drain_grace_sec)?;
-        let ack_wait = positive_int("WORKER_ACK_WAIT_SEC", &self.worker_ack_wait_sec)?;
+        let artifacts_bucket = match given(&self.worker_artifacts_bucket) {
+            None => flowmesh_nats::subjects::artifacts_bucket(&worker_id),
+            Some(bucket) if ids::is_valid_worker_id(bucket) => bucket.to_owned(),
+            Some(bucket) => {
+                return Err(bad(
+                    "WORKER_ARTIFACTS_BUCKET",
+                    format!("{bucket:?} is not a bucket name (letters, digits, '-' and '_')"),
+                ));
+            }
+        };
         Ok(Config {
             tags: self.worker_tags.split(',').map(str::trim).filter(|t| !t.is_empty()).map(str::to_owned).collect(),
             heartbeat_interval: Duration::from_secs(interval),
             ttl: Duration::from_secs(ttl),
             results_dir: self.results_dir.clone(),
-            cost_per_hour,
-            batch_slots,
-            service_slots,
-            ssh_limits: SshLimits { max_cpu, max_memory_bytes, max_pids },
-            ssh_gpu_limit,
-            ssh_public_host: self.ssh_public_host.clone().filter(|h| !h.trim().is_empty()),
-            ssh_bind_address: self.ssh_bind_address.clone(),
+            cost_per_hour: self.worker_cost_per_hour,
+            batch_slots: self.worker_batch_slots,
+            service_slots: self.worker_service_slots,
+            ssh_limits: SshLimits {
+                max_cpu: self.ssh_max_cpu,
+                max_memory_bytes: self.ssh_max_memory,
+                max_pids: self.ssh_max_pids.map(|n| n as i64),
+            },
+            ssh_gpu_limit: self.enable_ssh_gpu_limit,
+            ssh_public_host: given(&self.ssh_public_host).map(str::to_owned),
+            ssh_bind_address: self.ssh_bind_address.to_string(),
             executors_file: self.flowmesh_executors.clone(),
             runners_python: match self.flowmesh_runners.trim() {
                 "" | "off" | "none" | "false" | "0" => None,
@@ -269,23 +275,14 @@ impl WorkerArgs {
                     .map(|d| d.join("flowmesh")),
             },
             simulate_hw,
-            drain_grace: Duration::from_secs(drain_grace),
-            ack_wait: Duration::from_secs(ack_wait),
+            drain_grace: Duration::from_secs(self.worker_drain_grace_sec),
+            ack_wait: Duration::from_secs(self.worker_ack_wait_sec),
             model_cache: self
                 .worker_model_cache
                 .clone()
                 .filter(|p| !p.as_os_str().is_empty())
                 .or_else(crate::warm::default_dir),
-            artifacts_bucket: match self.worker_artifacts_bucket.as_deref().map(str::trim) {
-                None | Some("") => flowmesh_nats::subjects::artifacts_bucket(&worker_id),
-                Some(bucket) if ids::is_valid_worker_id(bucket) => bucket.to_owned(),
-                Some(bucket) => {
-                    return Err(bad(
-                        "WORKER_ARTIFACTS_BUCKET",
-                        format!("{bucket:?} is not a bucket name (letters, digits, '-' and '_')"),
-                    ));
-                }
-            },
+            artifacts_bucket,
             worker_id,
         })
     }
@@ -302,10 +299,11 @@ mod tests {
         args: WorkerArgs,
     }
 
-    fn config(flags: &[&str]) -> Result<Config, ConfigError> {
+    fn config(flags: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["worker"];
         argv.extend_from_slice(flags);
-        Cli::try_parse_from(argv).expect("flags parse").args.config("host-1")
+        let args = Cli::try_parse_from(argv).map_err(|e| e.to_string())?.args;
+        args.config("host-1").map_err(|e| e.to_string())
     }
 
     #[test]
@@ -321,10 +319,14 @@ mod tests {
             (&["--worker-batch-slots", "0"], "WORKER_BATCH_SLOTS"),
             (&["--flowmesh-simulate-hw", "{\"cpu_cores\": 4}"], "FLOWMESH_SIMULATE_HW"),
             (&["--enable-ssh-gpu-limit", "maybe"], "ENABLE_SSH_GPU_LIMIT"),
+            (&["--worker-cost-per-hour", "-1"], "WORKER_COST_PER_HOUR"),
+            (&["--worker-service-slots", "x"], "WORKER_SERVICE_SLOTS"),
+            (&["--ssh-bind-address", "everywhere"], "SSH_BIND_ADDRESS"),
+            (&["--worker-artifacts-bucket", "a.b"], "WORKER_ARTIFACTS_BUCKET"),
         ];
         for (flags, variable) in cases {
             let err = config(flags).expect_err("must be refused");
-            assert_eq!(err.variable, *variable, "{flags:?}: {err}");
+            assert!(err.contains(variable), "{flags:?}: {err}");
         }
     }
 
@@ -347,5 +349,13 @@ mod tests {
         assert_eq!(runners("/opt/ml/bin/python"), Some("/opt/ml/bin/python".to_owned()));
         assert_eq!(runners("off"), None);
         assert_eq!(config(&["--flowmesh-runners-cache", "off"]).unwrap().runners_cache, None);
+        // Empty strings (an exported but unset variable) read as absent or false.
+        let empty =
+            config(&["--flowmesh-simulate-hw", "", "--enable-ssh-gpu-limit", "", "--ssh-public-host", ""]).unwrap();
+        assert_eq!((empty.simulate_hw, empty.ssh_gpu_limit, empty.ssh_public_host), (None, false, None));
+        let typed =
+            config(&["--ssh-max-memory", "8Gi", "--ssh-max-cpu", "1.5", "--worker-service-slots", "0"]).unwrap();
+        assert_eq!(typed.ssh_limits.max_memory_bytes, Some(8 << 30));
+        assert_eq!((typed.ssh_limits.max_cpu, typed.service_slots), (Some(1.5), 0));
     }
 }

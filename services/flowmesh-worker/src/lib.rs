@@ -19,7 +19,7 @@ pub use config::{Config, WorkerArgs};
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use executor::{ExecError, Executor, TaskContext};
 use flowmesh_domain::event::{
-    Artifact, Author, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated,
+    Artifact, Author, FailureReason, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated,
 };
 use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
 use flowmesh_domain::work::WorkOrder;
@@ -636,18 +636,18 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             Err(StoreError::Missing(name)) => failed(
                 task,
                 &worker_id,
-                "missing_artifact",
+                FailureReason::MissingArtifact,
                 format!("declared artifact {name:?} was not produced in the output folder"),
                 false,
             ),
-            Err(StoreError::Upload(message)) => failed(task, &worker_id, "result_upload_failed", message, true),
+            Err(StoreError::Upload(message)) => failed(task, &worker_id, FailureReason::ResultUploadFailed, message, true),
         },
         // Stopped by a drain, not by a person: a retryable failure, so the router gives the task
         // to another worker (a nak would only bring it back to this worker's own consumer).
         Err(ExecError::Cancelled) if handed_back.load(std::sync::atomic::Ordering::SeqCst) => failed(
             task,
             &worker_id,
-            "handed_back",
+            FailureReason::HandedBack,
             format!("worker {worker_id} stopped before the task finished (drain grace over)"),
             true,
         ),
@@ -659,12 +659,12 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         Err(ExecError::TimedOut(limit)) => failed(
             task,
             &worker_id,
-            "max_runtime_exceeded",
+            FailureReason::MaxRuntimeExceeded,
             format!("killed after the maximum runtime of {}s", limit.as_secs()),
             false,
         ),
-        Err(ExecError::Retryable(m)) => failed(task, &worker_id, "executor_error", m, true),
-        Err(ExecError::Permanent(m)) => failed(task, &worker_id, "executor_error", m, false),
+        Err(ExecError::Retryable(m)) => failed(task, &worker_id, FailureReason::ExecutorError, m, true),
+        Err(ExecError::Permanent(m)) => failed(task, &worker_id, FailureReason::ExecutorError, m, false),
     };
     {
         let mut active = shared.active.lock().expect("active lock");
@@ -772,23 +772,21 @@ async fn publish_new_output(client: &async_nats::Client, task_id: &str, work_dir
 
 /// Stores the task's logs as `<task_id>/logs/stdout.log` and `stderr.log` (best effort).
 async fn store_logs(shared: &Shared, order: &WorkOrder, work_dir: &Path) {
-    for name in ["stdout.log", "stderr.log"] {
-        let path = work_dir.join(name);
+    for stream in ["stdout", "stderr"] {
+        let path = work_dir.join(format!("{stream}.log"));
         if path.is_file()
-            && let Err(e) =
-                put_object(shared, &subjects::artifact(&order.task_id, &format!("logs/{name}")), Source::File(&path))
-                    .await
+            && let Err(e) = put_object(shared, &subjects::log_object(&order.task_id, stream), Source::File(&path)).await
         {
-            warn!(error = %e, "could not store {name}");
+            warn!(error = %e, "could not store {stream}.log");
         }
     }
 }
 
-fn failed(task: TaskRef, worker_id: &str, reason: &str, message: String, retryable: bool) -> EventBody {
+fn failed(task: TaskRef, worker_id: &str, reason: FailureReason, message: String, retryable: bool) -> EventBody {
     EventBody::TaskFailed(TaskFailed {
         task,
         worker_id: Some(worker_id.to_owned()),
-        reason: reason.to_owned(),
+        reason,
         message,
         retryable,
     })
@@ -960,25 +958,19 @@ impl std::fmt::Display for Upload {
     }
 }
 
-/// Every file under `dir`, named by its path relative to `dir`, in a stable order.
+/// Every file under `dir`, named by its path relative to `dir`, in a stable order. Links are
+/// followed (a task may link a checkpoint into its output folder); a link loop is skipped.
 fn list_files(dir: &Path) -> Vec<(String, PathBuf)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&current) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.is_file()
-                && let Ok(rel) = path.strip_prefix(dir)
-            {
-                out.push((rel.to_string_lossy().into_owned(), path));
-            }
-        }
-    }
+    let mut out: Vec<(String, PathBuf)> = walkdir::WalkDir::new(dir)
+        .follow_links(true)
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry.file_type().is_file())
+        .filter_map(|entry| {
+            let rel = entry.path().strip_prefix(dir).ok()?.to_string_lossy().into_owned();
+            Some((rel, entry.into_path()))
+        })
+        .collect();
     out.sort();
     out
 }

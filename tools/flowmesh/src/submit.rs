@@ -224,7 +224,7 @@ impl LiveView {
                 }
                 vec![
                     t.def.stage.clone(),
-                    crate::views::status_name(t.status),
+                    t.status.as_str().to_owned(),
                     t.worker_id.clone().unwrap_or_else(|| "-".to_owned()),
                     t.attempt.to_string(),
                     elapsed.map_or_else(|| "-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64())),
@@ -232,7 +232,7 @@ impl LiveView {
                 ]
             })
             .collect();
-        let status = crate::views::workflow_status_name(wf.status);
+        let status = wf.status.as_str();
         format!(
             "{workflow_id} ({}) {status}\n{}",
             wf.name,

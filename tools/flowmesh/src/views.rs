@@ -48,7 +48,7 @@ pub fn workflow_rows(state: &State) -> Vec<WorkflowRow> {
             WorkflowRow {
                 workflow_id: wf.workflow_id.clone(),
                 name: wf.name.clone(),
-                status: workflow_status_name(wf.status),
+                status: wf.status.as_str().to_owned(),
                 done: format!("{done}/{}", wf.tasks.len()),
                 owner: wf.owner.clone().unwrap_or_default(),
                 submitted_at: wf.submitted_at.clone(),
@@ -71,16 +71,6 @@ fn seq_of(workflow_id: &str) -> u64 {
     workflow_id.trim_start_matches("wf-").parse().unwrap_or(0)
 }
 
-/// The lower-case name of a task status, as the tables and filters spell it.
-pub fn status_name(status: TaskStatus) -> String {
-    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
-/// The lower-case name of a workflow status.
-pub fn workflow_status_name(status: flowmesh_domain::state::WorkflowStatus) -> String {
-    serde_json::to_value(status).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
 /// What a person wants to know next to a task's status: why it failed, was skipped or waits.
 pub fn task_note(t: &TaskState) -> String {
     let note = t.message.clone().or_else(|| t.reason.clone()).or_else(|| t.pending_message.clone());
@@ -100,7 +90,7 @@ pub fn task_table(tasks: &[&TaskState]) -> String {
                 t.def.task_id.clone(),
                 t.def.stage.clone(),
                 t.def.task_type.clone(),
-                status_name(t.status),
+                t.status.as_str().to_owned(),
                 t.attempt.to_string(),
                 t.worker_id.clone().unwrap_or_default(),
                 task_note(t),
@@ -111,7 +101,7 @@ pub fn task_table(tasks: &[&TaskState]) -> String {
 }
 
 pub fn print_workflow(wf: &WorkflowState) {
-    println!("{} ({}) {}", wf.workflow_id, wf.name, workflow_status_name(wf.status));
+    println!("{} ({}) {}", wf.workflow_id, wf.name, wf.status.as_str());
     print!("{}", task_table(&wf.tasks.iter().collect::<Vec<_>>()));
 }
 

@@ -3,7 +3,7 @@
 //! whoever holds a key it lists in `authorizedKeys`: the CLI only finds where the session listens
 //! (the worker's `task.updated`) and runs the system's `ssh` with the caller's own key.
 
-use flowmesh::{log, views};
+use flowmesh::log;
 use flowmesh_domain::EventBody;
 use flowmesh_domain::state::TaskStatus;
 use flowmesh_nats::cli::NatsArgs;
@@ -54,7 +54,7 @@ async fn endpoint(js: &async_nats::jetstream::Context, task_id: &str) -> anyhow:
     anyhow::ensure!(
         task.status == TaskStatus::Running,
         "{task_id} is {}, not running; sessions can be joined only while they run",
-        views::status_name(task.status)
+        task.status.as_str()
     );
     let events = log::events(js, subjects::task_events(task_id), false).await?;
     futures_util::pin_mut!(events);

@@ -101,7 +101,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 .map(|w| w.workflow_id.clone());
             let workflow_id = workflow_id.ok_or_else(|| anyhow::anyhow!("no workflow holds {id}"))?;
             if task.status.is_terminal() {
-                anyhow::bail!("{id} already ended ({})", views::status_name(task.status));
+                anyhow::bail!("{id} already ended ({})", task.status.as_str());
             }
             let body = EventBody::TaskCancelRequested(TaskCancelRequested {
                 workflow_id,
@@ -148,7 +148,7 @@ async fn watch(js: &async_nats::jetstream::Context, id: &str, timeout: Duration)
         if let Some(t) = state.task(id)
             && t.status.is_terminal()
         {
-            eprintln!("{id} {}", views::status_name(t.status));
+            eprintln!("{id} {}", t.status.as_str());
             if t.status == TaskStatus::Completed {
                 let results = submit::results(js, &state, workflow_id).await?;
                 if let Some(result) = results.get(&t.def.stage) {
@@ -203,7 +203,7 @@ async fn follow_logs(
                             std::io::stdout().write_all(&bytes)?;
                             std::io::stdout().flush()?;
                         }
-                        eprintln!("[{id} {}]", views::status_name(t.status));
+                        eprintln!("[{id} {}]", t.status.as_str());
                         return Ok(super::exit(t.status == TaskStatus::Completed));
                     }
                 }

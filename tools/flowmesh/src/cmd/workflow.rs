@@ -236,7 +236,7 @@ async fn follow(
                 if let Some(wf) = state.workflows.get(workflow_id)
                     && wf.status != WorkflowStatus::Running
                 {
-                    eprintln!("[{workflow_id} {}]", views::workflow_status_name(wf.status));
+                    eprintln!("[{workflow_id} {}]", wf.status.as_str());
                     return Ok(if wf.status == WorkflowStatus::Completed { ExitCode::SUCCESS } else { ExitCode::from(1) });
                 }
             }
@@ -253,9 +253,9 @@ mod tests {
     #[test]
     fn every_workflow_status_can_be_listed_by_the_name_the_table_shows() {
         for status in WorkflowStatus::value_variants() {
-            let name = flowmesh::views::workflow_status_name(*status);
-            let listed = ListedStatus::from_str(&name, false);
-            assert_eq!(listed.map(ListedStatus::name), Ok(name.clone()), "--status {name}");
+            let name = status.as_str();
+            let listed = ListedStatus::from_str(name, false);
+            assert_eq!(listed.map(ListedStatus::name), Ok(name.to_owned()), "--status {name}");
         }
         assert_eq!(ListedStatus::Rejected.name(), "rejected");
     }
