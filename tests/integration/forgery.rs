@@ -47,7 +47,7 @@ async fn message_ids(js: &jetstream::Context) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::new();
     for seq in 1..=last {
         let message = stream.get_raw_message(seq).await?;
-        if let Some(id) = message.headers.get("Nats-Msg-Id") {
+        if let Some(id) = message.headers.get(async_nats::header::NATS_MESSAGE_ID) {
             ids.push(id.as_str().to_owned());
         }
     }

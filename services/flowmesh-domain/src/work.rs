@@ -1,5 +1,8 @@
-//! The work order: what the router sends a worker on `flowmesh.work.<worker_id>`.
+//! The work order the router sends a worker on `flowmesh.work.<worker_id>`, and the report the
+//! worker sends back when the run ends (`report`: an outcome in, the event out).
 
+use crate::EventBody;
+use crate::event::{Artifact, FailureReason, TaskCancelled, TaskCompleted, TaskFailed, TaskRef};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -17,7 +20,7 @@ pub struct WorkOrder {
     pub upstream: std::collections::BTreeMap<String, String>,
     /// Upstream stage name → the files it stored, for `inputs` the worker fetches before running.
     #[serde(default)]
-    pub upstream_artifacts: std::collections::BTreeMap<String, Vec<crate::event::Artifact>>,
+    pub upstream_artifacts: std::collections::BTreeMap<String, Vec<Artifact>>,
     /// Upstream stage name → its result, for stages that stored no files (their result travels
     /// only inline in `task.completed`): the worker writes it as that stage's `results.json`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -28,5 +31,77 @@ impl WorkOrder {
     /// The `Nats-Msg-Id` of this order: one per task attempt.
     pub fn msg_id(&self) -> String {
         format!("{}.{}.work", self.task_id, self.attempt)
+    }
+}
+
+/// How a task's run ended, as its worker saw it: what `report` turns into the event to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// It produced its result and the worker stored what the task had to store.
+    Completed(Completion),
+    /// A declared artifact is not in the output folder (the task's fault).
+    MissingArtifact(String),
+    /// The results or artifacts could not be stored (worth another attempt).
+    UploadFailed(String),
+    /// Cancelled while running: by a person, or by the worker's own drain when `handed_back`.
+    Cancelled { handed_back: bool },
+    /// Killed at its maximum runtime.
+    TimedOut { limit_secs: u64 },
+    /// The executor failed; `retryable` when it asked for another attempt.
+    Failed { message: String, retryable: bool },
+}
+
+/// What a completed run stored, for `task.completed`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Completion {
+    /// The result, when it travels inline.
+    pub result: Option<Value>,
+    pub result_object: Option<String>,
+    pub artifacts: Vec<Artifact>,
+    pub upload_ms: Option<u64>,
+    /// For a run that reported no `task.started`: when it started.
+    pub started_at: Option<String>,
+}
+
+/// The report `worker_id` publishes for `task`'s run that ended with `outcome`.
+pub fn report(task: TaskRef, worker_id: &str, outcome: Outcome) -> EventBody {
+    let worker = Some(worker_id.to_owned());
+    let failed = |reason, message, retryable| {
+        EventBody::TaskFailed(TaskFailed { task: task.clone(), worker_id: worker.clone(), reason, message, retryable })
+    };
+    match outcome {
+        Outcome::Completed(c) => EventBody::TaskCompleted(TaskCompleted {
+            task: task.clone(),
+            worker_id: worker_id.to_owned(),
+            result: c.result,
+            result_object: c.result_object,
+            artifacts: c.artifacts,
+            upload_ms: c.upload_ms,
+            started_at: c.started_at,
+        }),
+        Outcome::MissingArtifact(name) => failed(
+            FailureReason::MissingArtifact,
+            format!("declared artifact {name:?} was not produced in the output folder"),
+            false,
+        ),
+        Outcome::UploadFailed(message) => failed(FailureReason::ResultUploadFailed, message, true),
+        // Stopped by a drain, not by a person: a retryable failure, so the router gives the task
+        // to another worker (a nak would only bring it back to this worker's own consumer).
+        Outcome::Cancelled { handed_back: true } => failed(
+            FailureReason::HandedBack,
+            format!("worker {worker_id} stopped before the task finished (drain grace over)"),
+            true,
+        ),
+        Outcome::Cancelled { handed_back: false } => EventBody::TaskCancelled(TaskCancelled {
+            task: task.clone(),
+            worker_id: worker.clone(),
+            reason: "cancelled while running".to_owned(),
+        }),
+        Outcome::TimedOut { limit_secs } => failed(
+            FailureReason::MaxRuntimeExceeded,
+            format!("killed after the maximum runtime of {limit_secs}s"),
+            false,
+        ),
+        Outcome::Failed { message, retryable } => failed(FailureReason::ExecutorError, message, retryable),
     }
 }

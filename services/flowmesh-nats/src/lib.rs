@@ -9,6 +9,7 @@ pub mod connect;
 pub mod consume;
 pub mod digest;
 pub mod error;
+pub mod host;
 pub mod publish;
 pub mod retry;
 pub mod shutdown;

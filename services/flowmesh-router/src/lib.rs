@@ -58,11 +58,13 @@ impl RouterArgs {
         if self.router_lease_ttl_sec == 0 {
             anyhow::bail!("ROUTER_LEASE_TTL_SEC: expected a whole number greater than 0, found 0");
         }
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         Ok(Config {
             schedule: schedule::Config { no_worker_grace_ms: self.task_no_worker_grace_sec * 1000, strategy },
             lease_ttl: Duration::from_secs(self.router_lease_ttl_sec),
-            instance: self.router_id.clone().unwrap_or_else(|| format!("{}-{}", host.trim(), std::process::id())),
+            instance: self
+                .router_id
+                .clone()
+                .unwrap_or_else(|| format!("{}-{}", flowmesh_nats::host::name(), std::process::id())),
             tick: Duration::from_millis(500),
             checkpoint_dir: self.router_checkpoint_dir.clone(),
             checkpoint_every: Duration::from_secs(10),

@@ -30,13 +30,12 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         Config {
             consumer: subjects::VALIDATORS_CONSUMER.to_owned(),
             // Short, so that what a killed validator had pulled goes to another one soon; a long
             // validation keeps its message with progress acks instead (`handle`).
             ack_wait: Duration::from_secs(5),
-            instance: format!("{}-{}", host.trim(), std::process::id()),
+            instance: format!("{}-{}", flowmesh_nats::host::name(), std::process::id()),
             batch: 64,
             in_flight: 64,
         }
@@ -146,7 +145,11 @@ pub async fn publish_verdict(
         Err(_) => return Err(None),
     };
     tracing::Span::current().record("seq", seq);
-    let msg_id = message.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).map(|v| v.as_str().to_owned());
+    let msg_id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str().to_owned());
     let body = message.payload.to_vec();
     let workflow_id = ids::workflow_id(seq);
     let wf = workflow_id.clone();

@@ -18,11 +18,9 @@ pub use config::{Config, WorkerArgs};
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use executor::{ExecError, Executor, TaskContext};
-use flowmesh_domain::event::{
-    Artifact, Author, FailureReason, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated,
-};
+use flowmesh_domain::event::{Artifact, Author, TaskRef, TaskStarted, TaskUpdated};
 use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
-use flowmesh_domain::work::WorkOrder;
+use flowmesh_domain::work::{self, Completion, Outcome, WorkOrder};
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::retry::{Backoff, GaveUp};
 use flowmesh_nats::{Handles, Shutdown, Trigger, clock, publish, shutdown, subjects};
@@ -93,7 +91,7 @@ pub async fn build_executors(config: &Config, probe: &hardware::Probe) -> anyhow
         gpu_limit: config.ssh_gpu_limit,
         hardware: probe.hardware.clone(),
         simulated: probe.simulated,
-        public_host: config.ssh_public_host.clone().unwrap_or_else(hostname),
+        public_host: config.ssh_public_host.clone().unwrap_or_else(flowmesh_nats::host::name),
         bind_address: config.ssh_bind_address.clone(),
         home: std::path::absolute(&config.results_dir)
             .unwrap_or_else(|_| config.results_dir.clone())
@@ -146,12 +144,6 @@ pub fn supported_task_types<'a>(executors: impl IntoIterator<Item = &'a Executor
     types
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".to_owned())
-}
-
 /// `--collect-hw`: the probe and the executors this worker would construct, as JSON on stdout.
 pub async fn print_hardware(config: &Config) -> anyhow::Result<()> {
     let cuda = std::env::var("CUDA_VISIBLE_DEVICES").ok();
@@ -169,11 +161,6 @@ pub async fn print_hardware(config: &Config) -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
-}
-
-/// The hostname, for the default worker id.
-pub fn default_hostname() -> String {
-    hostname()
 }
 
 impl Shared {
@@ -199,7 +186,7 @@ impl Shared {
         let ssh = self.config.ssh_limits;
         WorkerSnapshot {
             id: self.config.worker_id.clone(),
-            hostname: hostname(),
+            hostname: flowmesh_nats::host::name(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             started_at: self.started_at.clone(),
             status,
@@ -621,51 +608,27 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     };
     metrics::counter!("flowmesh_tasks_total", "task_type" => order.task_type.clone(), "outcome" => outcome_name)
         .increment(1);
-    let body = match outcome {
+    let outcome = match outcome {
         Ok(result) => match store_results(shared, order, uses_files.then_some((&work_dir, &output_dir)), &result).await
         {
-            Ok(stored) => EventBody::TaskCompleted(TaskCompleted {
-                task,
-                worker_id: worker_id.clone(),
+            Ok(stored) => Outcome::Completed(Completion {
                 result: stored.inline.then_some(result),
                 result_object: stored.result_object,
                 artifacts: stored.artifacts,
                 upload_ms: Some(storing.elapsed().as_millis() as u64),
                 started_at: (!start_reported).then_some(started_at),
             }),
-            Err(StoreError::Missing(name)) => failed(
-                task,
-                &worker_id,
-                FailureReason::MissingArtifact,
-                format!("declared artifact {name:?} was not produced in the output folder"),
-                false,
-            ),
-            Err(StoreError::Upload(message)) => failed(task, &worker_id, FailureReason::ResultUploadFailed, message, true),
+            Err(StoreError::Missing(name)) => Outcome::MissingArtifact(name),
+            Err(StoreError::Upload(message)) => Outcome::UploadFailed(message),
         },
-        // Stopped by a drain, not by a person: a retryable failure, so the router gives the task
-        // to another worker (a nak would only bring it back to this worker's own consumer).
-        Err(ExecError::Cancelled) if handed_back.load(std::sync::atomic::Ordering::SeqCst) => failed(
-            task,
-            &worker_id,
-            FailureReason::HandedBack,
-            format!("worker {worker_id} stopped before the task finished (drain grace over)"),
-            true,
-        ),
-        Err(ExecError::Cancelled) => EventBody::TaskCancelled(TaskCancelled {
-            task,
-            worker_id: Some(worker_id.clone()),
-            reason: "cancelled while running".to_owned(),
-        }),
-        Err(ExecError::TimedOut(limit)) => failed(
-            task,
-            &worker_id,
-            FailureReason::MaxRuntimeExceeded,
-            format!("killed after the maximum runtime of {}s", limit.as_secs()),
-            false,
-        ),
-        Err(ExecError::Retryable(m)) => failed(task, &worker_id, FailureReason::ExecutorError, m, true),
-        Err(ExecError::Permanent(m)) => failed(task, &worker_id, FailureReason::ExecutorError, m, false),
+        Err(ExecError::Cancelled) => {
+            Outcome::Cancelled { handed_back: handed_back.load(std::sync::atomic::Ordering::SeqCst) }
+        }
+        Err(ExecError::TimedOut(limit)) => Outcome::TimedOut { limit_secs: limit.as_secs() },
+        Err(ExecError::Retryable(message)) => Outcome::Failed { message, retryable: true },
+        Err(ExecError::Permanent(message)) => Outcome::Failed { message, retryable: false },
     };
+    let body = work::report(task, &worker_id, outcome);
     {
         let mut active = shared.active.lock().expect("active lock");
         active.remove(&order.task_id);
@@ -780,16 +743,6 @@ async fn store_logs(shared: &Shared, order: &WorkOrder, work_dir: &Path) {
             warn!(error = %e, "could not store {stream}.log");
         }
     }
-}
-
-fn failed(task: TaskRef, worker_id: &str, reason: FailureReason, message: String, retryable: bool) -> EventBody {
-    EventBody::TaskFailed(TaskFailed {
-        task,
-        worker_id: Some(worker_id.to_owned()),
-        reason,
-        message,
-        retryable,
-    })
 }
 
 fn prepare_dirs(work_dir: &Path, output_dir: &Path) -> std::io::Result<()> {

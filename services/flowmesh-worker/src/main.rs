@@ -18,7 +18,7 @@ struct Cli {
 async fn main() -> anyhow::Result<()> {
     flowmesh_nats::cli::init_tracing();
     let cli = Cli::parse();
-    let config = match cli.args.config(&flowmesh_worker::default_hostname()) {
+    let config = match cli.args.config(&flowmesh_nats::host::name()) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("flowmesh-worker: {e}");

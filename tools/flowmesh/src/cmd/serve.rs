@@ -42,7 +42,7 @@ pub async fn router(nats: &NatsArgs, args: flowmesh_router::RouterArgs) -> anyho
 }
 
 pub async fn worker(nats: &NatsArgs, args: ServeWorker) -> anyhow::Result<ExitCode> {
-    let config = args.args.config(&flowmesh_worker::default_hostname())?;
+    let config = args.args.config(&flowmesh_nats::host::name())?;
     if args.collect_hw {
         flowmesh_worker::print_hardware(&config).await?;
         return Ok(ExitCode::SUCCESS);
