@@ -311,18 +311,6 @@ pub enum Strategy {
     MinSatisfying,
 }
 
-impl std::str::FromStr for Strategy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "best_fit" => Ok(Strategy::BestFit),
-            "first_fit" => Ok(Strategy::FirstFit),
-            "min_satisfying" => Ok(Strategy::MinSatisfying),
-            other => Err(format!("unknown strategy {other:?}; expected best_fit, first_fit or min_satisfying")),
-        }
-    }
-}
-
 /// A worker's throughput estimate: 100 per GPU, plus VRAM GiB, RAM GiB / 2 and cores / 2.
 pub fn throughput(w: &WorkerSnapshot) -> f64 {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;

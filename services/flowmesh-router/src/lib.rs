@@ -25,11 +25,11 @@ pub struct RouterArgs {
     /// Seconds a task may find no capable worker before it fails with no_eligible_worker.
     #[arg(long, env = "TASK_NO_WORKER_GRACE_SEC", default_value_t = 60)]
     pub task_no_worker_grace_sec: u64,
-    /// best_fit, first_fit or min_satisfying.
-    #[arg(long, env = "ROUTER_STRATEGY", default_value = "best_fit")]
-    pub router_strategy: String,
+    /// How the best eligible worker is chosen.
+    #[arg(long, env = "ROUTER_STRATEGY", value_enum, default_value = "best_fit")]
+    pub router_strategy: Strategy,
     /// Seconds the router lease lasts without renewal (a standby takes over within this).
-    #[arg(long, env = "ROUTER_LEASE_TTL_SEC", default_value_t = 10)]
+    #[arg(long, env = "ROUTER_LEASE_TTL_SEC", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub router_lease_ttl_sec: u64,
     /// This instance's name in the lease. Default: hostname and process id.
     #[arg(long, env = "ROUTER_ID")]
@@ -53,13 +53,13 @@ pub struct Config {
 }
 
 impl RouterArgs {
-    pub fn config(&self) -> anyhow::Result<Config> {
-        let strategy: Strategy = self.router_strategy.parse().map_err(|e| anyhow::anyhow!("ROUTER_STRATEGY: {e}"))?;
-        if self.router_lease_ttl_sec == 0 {
-            anyhow::bail!("ROUTER_LEASE_TTL_SEC: expected a whole number greater than 0, found 0");
-        }
-        Ok(Config {
-            schedule: schedule::Config { no_worker_grace_ms: self.task_no_worker_grace_sec * 1000, strategy },
+    /// The router's configuration; clap has already checked every value.
+    pub fn config(&self) -> Config {
+        Config {
+            schedule: schedule::Config {
+                no_worker_grace_ms: self.task_no_worker_grace_sec * 1000,
+                strategy: self.router_strategy,
+            },
             lease_ttl: Duration::from_secs(self.router_lease_ttl_sec),
             instance: self
                 .router_id
@@ -68,7 +68,7 @@ impl RouterArgs {
             tick: Duration::from_millis(500),
             checkpoint_dir: self.router_checkpoint_dir.clone(),
             checkpoint_every: Duration::from_secs(10),
-        })
+        }
     }
 }
 

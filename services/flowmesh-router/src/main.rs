@@ -16,7 +16,7 @@ async fn main() -> anyhow::Result<()> {
     flowmesh_nats::cli::init_tracing();
     let cli = Cli::parse();
     let (_trigger, shutdown) = flowmesh_nats::cli::shutdown_on_signals();
-    let config = cli.args.config()?;
+    let config = cli.args.config();
     cli.nats.install_metrics()?;
     let (client, handles) = cli.nats.handles("flowmesh-router").await?;
     flowmesh_router::run(config, client, handles, shutdown).await

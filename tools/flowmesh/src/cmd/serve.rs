@@ -33,7 +33,7 @@ pub async fn validator(nats: &NatsArgs, args: ValidatorArgs) -> anyhow::Result<E
 
 pub async fn router(nats: &NatsArgs, args: flowmesh_router::RouterArgs) -> anyhow::Result<ExitCode> {
     cli::init_tracing();
-    let config = args.config()?;
+    let config = args.config();
     let (_t, shutdown) = cli::shutdown_on_signals();
     nats.install_metrics()?;
     let (client, handles) = nats.handles("flowmesh-router").await?;
