@@ -36,6 +36,10 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         fleet_wait: DEADLINE,
         replicas: 1,
         min_workers: 1,
+        rate: None,
+        cpu_of: std::iter::once(flowmesh::cpu::this("bench test"))
+            .chain(world.server.pid().map(|pid| flowmesh::cpu::Process { name: "nats-server".into(), pid }))
+            .collect(),
     };
     let (_trigger, stop) = shutdown::channel();
     let report = bench::run(&world.handles.js, &options, stop).await?;
@@ -85,6 +89,12 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         events.iter().filter(|e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task_type == "python")).count();
     assert_eq!(python_dispatched, 5);
 
+    // CPU per task, of this process (the stack runs in it) and of the server, read from /proc.
+    let cpu: Vec<&str> = report.cpu_ms_per_task.keys().map(String::as_str).collect();
+    assert_eq!(cpu, ["bench test", "nats-server"], "{report:#?}");
+    assert!(report.cpu_ms_per_task.values().all(|ms| ms.is_finite() && *ms >= 0.0), "{report:#?}");
+    assert!(report.cpu_ms_per_task["bench test"] > 0.0, "twenty workflows took no CPU here: {report:#?}");
+
     let json = serde_json::to_string(&report)?;
     assert_eq!(serde_json::from_str::<Report>(&json)?, report);
 
@@ -110,6 +120,24 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!((report.completed, report.per_type.get(&TaskKind::Echo)), (6, Some(&6)), "{report:#?}");
     assert!(report.raw.is_some_and(|r| r.msgs_per_sec > 0.0));
     assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
+
+    // A sweep: the burst, then the same number at 25, 50 and 90% of its rate, each paced.
+    let out = world.cli(&["bench", "--tasks", "8", "--mix", "echo=1", "--sweep", "--json"]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let sweep: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{e}: {}", tests::output_text(&out)))?;
+    let burst: Report = serde_json::from_value(sweep["burst"].clone())?;
+    assert_eq!((burst.completed, burst.rate), (8, None), "{burst:#?}");
+    let points = sweep["sweep"].as_array().expect("sweep points");
+    let percents: Vec<u64> = points.iter().filter_map(|p| p["percent"].as_u64()).collect();
+    assert_eq!(percents, [25, 50, 90]);
+    for point in points {
+        let report: Report = serde_json::from_value(point["report"].clone())?;
+        let asked = burst.tasks_per_sec * point["percent"].as_f64().unwrap_or_default() / 100.0;
+        assert!(report.rate.is_some_and(|r| (r - asked).abs() < 1e-6), "{point}");
+        assert_eq!(report.completed, 8, "{point}");
+        assert_ordered("paced submit → start", report.submit_to_start_ms, 8);
+    }
 
     let out = world.cli(&["bench", "--mix", "echo=0"]).await?;
     assert_eq!(out.status.code(), Some(2), "{}", tests::output_text(&out));

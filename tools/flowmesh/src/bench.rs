@@ -1,12 +1,13 @@
-//! `flowmesh bench`: pushes synthetic single-task workflows through a stack at a fixed concurrency
-//! and measures throughput and latency; with `raw`, also the bare JetStream round trip on the same
-//! server, so the pipeline's figure is read as a ratio to what the server itself can do.
+//! `flowmesh bench`: pushes synthetic single-task workflows through a stack, in a burst at a fixed
+//! concurrency or at a fixed rate, and measures throughput, latency and the CPU time of every
+//! process on this machine; with `raw`, also the bare JetStream round trip on the same server, so
+//! the pipeline's figure is read as a ratio to what the server itself can do.
 //!
 //! Latencies are taken on this process's monotonic clock: the instant before a submission is
 //! published, and the instant its `task.started` / workflow end arrives on one ordered consumer
 //! over the event log (never a consumer per workflow: they are a limited server resource).
 
-use crate::{submit, table, views};
+use crate::{cpu, submit, table, views};
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::{Shutdown, subjects};
@@ -150,8 +151,12 @@ impl std::fmt::Display for Mix {
 pub struct Options {
     /// Workflows to submit, one task each.
     pub tasks: usize,
-    /// At most this many workflows between their submission and their end.
+    /// At most this many workflows between their submission and their end (a burst).
     pub concurrency: usize,
+    /// Submissions per second, whatever is in flight (an open loop), instead of the burst.
+    pub rate: Option<f64>,
+    /// The processes whose CPU time is measured (`cpu::local_processes`, or a dev stack's own).
+    pub cpu_of: Vec<cpu::Process>,
     pub mix: Mix,
     /// Also measure the raw JetStream round trip on the same server.
     pub raw: bool,
@@ -175,6 +180,8 @@ impl Default for Options {
         Options {
             tasks: 200,
             concurrency: 16,
+            rate: None,
+            cpu_of: Vec::new(),
             mix: Mix(vec![(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
             raw: false,
             raw_messages: RAW_MESSAGES,
@@ -246,6 +253,9 @@ pub struct RawReport {
 pub struct Report {
     pub tasks: usize,
     pub concurrency: usize,
+    /// The submission rate asked for (`--rate`); `None` for a burst.
+    #[serde(default)]
+    pub rate: Option<f64>,
     pub mix: String,
     /// Tasks of each type in this run.
     pub per_type: BTreeMap<TaskKind, usize>,
@@ -279,6 +289,10 @@ pub struct Report {
     /// pipeline's own stored messages reach.
     #[serde(default)]
     pub efficiency: Option<f64>,
+    /// CPU milliseconds each measured process used during the pipeline run, per completed
+    /// workflow (`Options::cpu_of`).
+    #[serde(default)]
+    pub cpu_ms_per_task: BTreeMap<String, f64>,
 }
 
 impl Report {
@@ -295,6 +309,12 @@ const FAILURES_KEPT: usize = 10;
 pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> anyhow::Result<Report> {
     anyhow::ensure!(options.tasks > 0, "--tasks is 0: give at least 1");
     anyhow::ensure!(options.concurrency > 0, "--concurrency is 0: give at least 1");
+    if let Some(rate) = options.rate {
+        anyhow::ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--rate is {rate}: give a number of submissions per second above 0"
+        );
+    }
     let workers = wait_for_fleet(js, &options.mix.kinds(), options.min_workers, options.fleet_wait).await?;
     let kinds = options.mix.schedule(options.tasks);
     let bodies: Vec<Vec<u8>> = kinds.iter().enumerate().map(|(n, k)| k.document(n).into_bytes()).collect();
@@ -311,7 +331,13 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         None
     };
     let before = stream_sequences(js).await?;
-    let (p, begin) = pipeline(js, &bodies, options.concurrency, options.timeout, stop).await?;
+    let cpu_before = cpu::Sample::take(&options.cpu_of);
+    let pace = match options.rate {
+        Some(per_sec) => Pace::Rate(per_sec),
+        None => Pace::Burst(options.concurrency),
+    };
+    let (p, begin) = pipeline(js, &bodies, pace, options.timeout, stop).await?;
+    let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let after = stream_sequences(js).await?;
     let stored: BTreeMap<String, u64> = after
         .iter()
@@ -322,9 +348,15 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
     let ratio_to_raw = raw.as_ref().filter(|r| r.msgs_per_sec > 0.0).map(|r| tasks_per_sec / r.msgs_per_sec);
     let efficiency = ratio_to_raw.zip(stored_per_task).map(|(ratio, per_task)| ratio * per_task);
+    let cpu_ms_per_task = if p.completed > 0 {
+        cpu_used.into_iter().map(|(name, ms)| (name, ms / p.completed as f64)).collect()
+    } else {
+        BTreeMap::new()
+    };
     Ok(Report {
         tasks: options.tasks,
         concurrency: options.concurrency,
+        rate: options.rate,
         mix: options.mix.to_string(),
         per_type,
         workers,
@@ -343,6 +375,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         stored,
         stored_per_task,
         efficiency,
+        cpu_ms_per_task,
     })
 }
 
@@ -522,10 +555,19 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// How submissions are paced.
+#[derive(Debug, Clone, Copy)]
+enum Pace {
+    /// As fast as `n` in flight allow: the throughput figure.
+    Burst(usize),
+    /// This many per second whatever is in flight (an open loop): latency at a given load.
+    Rate(f64),
+}
+
 async fn pipeline(
     js: &jetstream::Context,
     bodies: &[Vec<u8>],
-    concurrency: usize,
+    pace: Pace,
     timeout: Duration,
     mut stop: Shutdown,
 ) -> anyhow::Result<(Pipeline, Instant)> {
@@ -551,20 +593,44 @@ async fn pipeline(
     let mut progress = tokio::time::interval(Duration::from_secs(1));
     let show_progress = std::io::stderr().is_terminal();
 
+    // Missed ticks fire at once: a rate above the timer's resolution is kept on average.
+    let mut ticks = match pace {
+        Pace::Rate(per_sec) => {
+            let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / per_sec));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            Some(ticks)
+        }
+        Pace::Burst(_) => None,
+    };
+    let submit_one = |body: Vec<u8>| {
+        let js = js.clone();
+        async move {
+            let submitted_at = Instant::now();
+            (submitted_at, submit::submit(&js, body, None).await)
+        }
+    };
+
     loop {
-        while next < total && submits.len() + in_flight.len() < concurrency {
-            let body = bodies[next].clone();
-            let js = js.clone();
-            submits.push(async move {
-                let submitted_at = Instant::now();
-                (submitted_at, submit::submit(&js, body, None).await)
-            });
-            next += 1;
+        if let Pace::Burst(concurrency) = pace {
+            while next < total && submits.len() + in_flight.len() < concurrency {
+                submits.push(submit_one(bodies[next].clone()));
+                next += 1;
+            }
         }
         if next == total && submits.is_empty() && in_flight.is_empty() {
             break;
         }
+        let tick = async {
+            match ticks.as_mut() {
+                Some(ticks) => ticks.tick().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            _ = tick, if next < total => {
+                submits.push(submit_one(bodies[next].clone()));
+                next += 1;
+            }
             Some((submitted_at, result)) = submits.next(), if !submits.is_empty() => match result {
                 Ok((workflow_id, _)) => {
                     p.submitted += 1;
@@ -785,7 +851,13 @@ fn cell(p: Option<&Percentiles>) -> Vec<String> {
 pub fn render(r: &Report) -> String {
     let per_type: Vec<String> = r.per_type.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
     let mut rows = vec![
-        vec!["tasks".to_owned(), format!("{} ({}), concurrency {}", r.tasks, per_type.join(", "), r.concurrency)],
+        vec![
+            "tasks".to_owned(),
+            match r.rate {
+                Some(rate) => format!("{} ({}), {rate:.0} submitted per second", r.tasks, per_type.join(", ")),
+                None => format!("{} ({}), concurrency {}", r.tasks, per_type.join(", "), r.concurrency),
+            },
+        ],
         vec!["workers".to_owned(), r.workers.to_string()],
         vec!["completed".to_owned(), r.completed.to_string()],
         vec!["failed".to_owned(), r.failed.to_string()],
@@ -821,6 +893,11 @@ pub fn render(r: &Report) -> String {
             "efficiency".to_owned(),
             format!("{:.1}% of raw (tasks/s × stored/task ÷ raw msgs/s)", efficiency * 100.0),
         ]);
+    }
+    if !r.cpu_ms_per_task.is_empty() {
+        let total: f64 = r.cpu_ms_per_task.values().sum();
+        let each: Vec<String> = r.cpu_ms_per_task.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect();
+        rows.push(vec!["CPU ms/task".to_owned(), format!("{total:.3} ({})", each.join(", "))]);
     }
     let mut out = table::render(&["MEASURE", "VALUE"], &rows);
     out.push('\n');
@@ -958,9 +1035,13 @@ mod tests {
             stored: BTreeMap::from([("FLOWMESH_EVENTS".to_owned(), 20)]),
             stored_per_task: Some(5.0),
             efficiency: Some(0.0025),
+            rate: None,
+            cpu_ms_per_task: BTreeMap::from([("nats-server 7".to_owned(), 0.25), ("flowmesh bench".to_owned(), 0.5)]),
         };
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
+        assert!(text.contains("0.750 (flowmesh bench 0.500, nats-server 7 0.250)"), "{text}");
+        assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.lines().any(|l| l.starts_with("submit → done") && l.contains(" -")), "{text}");
         assert!(report.success());

@@ -2,6 +2,7 @@
 //! views over the event log, and the bench. The binary (`main.rs`, `cmd/`) holds the verbs.
 
 pub mod bench;
+pub mod cpu;
 pub mod dev;
 pub mod log;
 pub mod nats_server;

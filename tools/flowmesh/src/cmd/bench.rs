@@ -1,5 +1,6 @@
 //! `flowmesh bench`: submits synthetic workflows (on NATS_URL, or on a private `--dev` stack) and
-//! reports tasks/s and latency percentiles; `--raw` adds the raw JetStream round trip.
+//! reports tasks/s, latency percentiles and CPU per task; `--raw` adds the raw JetStream round
+//! trip, `--rate` submits at a fixed rate, `--sweep` measures latency at 25/50/90% of the maximum.
 
 use flowmesh::{bench, dev};
 use flowmesh_nats::cli::NatsArgs;
@@ -17,6 +18,14 @@ pub struct Args {
     /// At most this many workflows in flight (submitted and not yet ended).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     concurrency: u32,
+    /// Submit this many workflows per second whatever is in flight (an open loop), instead of a
+    /// burst at --concurrency: latency at a given load.
+    #[arg(long, conflicts_with_all = ["concurrency", "sweep"])]
+    rate: Option<f64>,
+    /// After the burst, run again at 25%, 50% and 90% of the rate it reached (--tasks each), and
+    /// report the latency of each.
+    #[arg(long)]
+    sweep: bool,
     /// Task types and weights: echo documents and python `command: 'true'` documents.
     #[arg(long, default_value = "echo=3,python=1")]
     mix: bench::Mix,
@@ -47,6 +56,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
     let mut options = bench::Options {
         tasks: args.tasks as usize,
         concurrency: args.concurrency as usize,
+        rate: args.rate,
         mix: args.mix,
         raw: args.raw,
         raw_messages: args.raw_messages,
@@ -68,12 +78,18 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         options.fleet_wait = Duration::from_secs(30);
         // Measure the fleet asked for, not the first worker up.
         options.min_workers = usize::from(args.workers);
+        options.cpu_of = vec![flowmesh::cpu::this("flowmesh bench and its dev stack (validator, router, workers)")];
+        options
+            .cpu_of
+            .extend(stack.server.pid().map(|pid| flowmesh::cpu::Process { name: format!("nats-server {pid}"), pid }));
         // The private stack knows none of NATS_URL's credentials or TLS settings: a plain connection.
         let options = NatsOptions { url: stack.url(), name: "flowmesh-bench".to_owned(), ..Default::default() };
         let handles = Handles::ensure(&connect(&options).await?, &Topology::load(1)?).await?;
         (Some(stack), handles.js)
     } else {
         let (_, handles) = nats.handles("flowmesh-bench").await?;
+        // Whatever of the stack runs on this machine.
+        options.cpu_of = flowmesh::cpu::local_processes("flowmesh bench");
         (None, handles.js)
     };
     eprintln!(
@@ -83,21 +99,65 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         options.concurrency,
         if options.raw { ", with the raw JetStream round trip" } else { "" }
     );
-    let report = bench::run(&js, &options, shutdown).await;
+    let report = bench::run(&js, &options, shutdown.clone()).await;
+    let mut sweep = Vec::new();
+    if let Ok(burst) = &report
+        && args.sweep
+        && burst.success()
+    {
+        for percent in SWEEP_PERCENT {
+            let rate = burst.tasks_per_sec * f64::from(percent) / 100.0;
+            eprintln!("bench: {percent}% of {:.0} tasks/s: {rate:.0} submitted per second", burst.tasks_per_sec);
+            let at_rate = bench::Options { rate: Some(rate), raw: false, ..options.clone() };
+            match bench::run(&js, &at_rate, shutdown.clone()).await {
+                Ok(r) => sweep.push(SweepPoint { percent, rate, report: r }),
+                Err(e) => {
+                    eprintln!("bench: the {percent}% run failed: {e:#}");
+                    break;
+                }
+            }
+        }
+    }
     if let Some(stack) = stack {
         stack.stop().await;
     }
     let report = report?;
-    for f in &report.failures {
-        eprintln!("bench: {}: {}", f.workflow_id.as_deref().unwrap_or("(not submitted)"), f.reason);
+    for r in std::iter::once(&report).chain(sweep.iter().map(|p| &p.report)) {
+        for f in &r.failures {
+            eprintln!("bench: {}: {}", f.workflow_id.as_deref().unwrap_or("(not submitted)"), f.reason);
+        }
+        if r.failed > r.failures.len() {
+            eprintln!("bench: … and {} more failure(s)", r.failed - r.failures.len());
+        }
     }
-    if report.failed > report.failures.len() {
-        eprintln!("bench: … and {} more failure(s)", report.failed - report.failures.len());
+    let success = report.success() && sweep.iter().all(|p| p.report.success());
+    match (args.json, args.sweep) {
+        (true, false) => println!("{}", serde_json::to_string_pretty(&report)?),
+        (true, true) => println!("{}", serde_json::to_string_pretty(&Sweep { burst: report, sweep })?),
+        (false, _) => {
+            print!("{}", bench::render(&report));
+            for point in &sweep {
+                println!("\nat {}% of the burst's rate ({:.0} submitted per second):", point.percent, point.rate);
+                print!("{}", bench::render(&point.report));
+            }
+        }
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", bench::render(&report));
-    }
-    Ok(super::exit(report.success()))
+    Ok(super::exit(success))
+}
+
+/// The loads of `--sweep`, in percent of the burst's tasks/s.
+const SWEEP_PERCENT: [u8; 3] = [25, 50, 90];
+
+/// `--sweep --json`: the burst, then one run per load.
+#[derive(serde::Serialize)]
+struct Sweep {
+    burst: bench::Report,
+    sweep: Vec<SweepPoint>,
+}
+
+#[derive(serde::Serialize)]
+struct SweepPoint {
+    percent: u8,
+    rate: f64,
+    report: bench::Report,
 }
