@@ -2,6 +2,7 @@
 //! `run` functions, and waiting for events with a deadline (never sleeping as synchronisation).
 
 use flowmesh::nats_server::NatsServer;
+use flowmesh_domain::event::FailureReason;
 use flowmesh_domain::fleet::Hardware;
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::connect::{NatsOptions, connect};
@@ -426,6 +427,11 @@ pub fn workflow_ended(e: &Event, workflow_id: &str) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether some task failed for `reason`.
+pub fn failed_for(events: &[Event], reason: FailureReason) -> bool {
+    events.iter().any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == reason))
 }
 
 pub fn rejected(e: &Event, workflow_id: &str) -> bool {

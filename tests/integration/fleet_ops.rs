@@ -81,11 +81,7 @@ async fn worker_tags_select_workers_and_plan_explains_them() -> anyhow::Result<(
         "{:?}",
         tests::kinds(&events)
     );
-    assert!(
-        events
-            .iter()
-            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
-    );
+    assert!(tests::failed_for(&events, FailureReason::NoEligibleWorker), "{:?}", tests::kinds(&events));
     world.shutdown().await;
     Ok(())
 }

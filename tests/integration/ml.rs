@@ -272,11 +272,7 @@ async fn a_worker_whose_runners_cannot_import_torch_never_receives_inference() -
     let wf = world.submit(INFERENCE.as_bytes(), None).await?;
     let events = world.wait_workflow_end(&wf).await?;
     assert!(!kinds(&events).contains(&"task.dispatched"), "never sent to a worker that cannot run it");
-    assert!(
-        events
-            .iter()
-            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
-    );
+    assert!(tests::failed_for(&events, FailureReason::NoEligibleWorker), "{:?}", kinds(&events));
     world.shutdown().await;
     Ok(())
 }

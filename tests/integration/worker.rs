@@ -62,11 +62,7 @@ command = ["/bin/true"]
         world.submit(b"apiVersion: flowmesh/v1\nkind: DPO\nmetadata: {name: d}\nspec: {taskType: dpo}\n", None).await?;
     let events = world.wait_workflow_end(&wf).await?;
     assert!(!kinds(&events).contains(&"task.dispatched"), "never sent to a worker that cannot run it");
-    assert!(
-        events
-            .iter()
-            .any(|e| matches!(&e.body, EventBody::TaskFailed(f) if f.reason == FailureReason::NoEligibleWorker))
-    );
+    assert!(tests::failed_for(&events, FailureReason::NoEligibleWorker), "{:?}", kinds(&events));
     world.shutdown().await;
     Ok(())
 }

@@ -222,6 +222,22 @@ mod tests {
         context::RequestError::new(RequestErrorKind::TimedOut).into()
     }
 
+    /// Retries an operation that always times out; how many calls it made, and how it ended.
+    async fn always_timing_out(backoff: &Backoff) -> (usize, GaveUp<anyhow::Error>) {
+        let mut calls = 0;
+        let failed = backoff
+            .retry(
+                "test",
+                || {
+                    calls += 1;
+                    async { Err::<(), _>(timed_out()) }
+                },
+                is_transient,
+            )
+            .await;
+        (calls, failed.expect_err("it never succeeds"))
+    }
+
     #[tokio::test]
     async fn retries_transient_errors_until_success_and_stops_at_the_first_other() {
         let mut calls = 0;
@@ -256,19 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn gives_up_when_the_budget_is_spent() {
-        let mut calls = 0;
-        let gave_up = quick(Shutdown::never())
-            .within(Duration::from_millis(200))
-            .retry(
-                "test",
-                || {
-                    calls += 1;
-                    async { Err::<(), _>(timed_out()) }
-                },
-                is_transient,
-            )
-            .await
-            .unwrap_err();
+        let (calls, gave_up) = always_timing_out(&quick(Shutdown::never()).within(Duration::from_millis(200))).await;
         assert_eq!(gave_up.why, Why::BudgetSpent);
         assert!(is_transient(&gave_up.last));
         // Pauses of 1, 2, 4 … 64 ms fit in 200 ms (127 ms in all); the next, 128 ms, would not.
@@ -280,25 +284,14 @@ mod tests {
         // Fired before the retry: one try, then no pause at all.
         let (trigger, stop) = crate::shutdown::channel();
         trigger.fire();
-        let mut calls = 0;
-        let gave_up = quick(stop)
-            .retry(
-                "test",
-                || {
-                    calls += 1;
-                    async { Err::<(), _>(timed_out()) }
-                },
-                is_transient,
-            )
-            .await
-            .unwrap_err();
+        let (calls, gave_up) = always_timing_out(&quick(stop)).await;
         assert_eq!((calls, gave_up.why), (1, Why::Shutdown));
 
         // Fired during an hour-long pause: the pause ends with it.
         let (trigger, stop) = crate::shutdown::channel();
         let hour = Duration::from_secs(3600);
         let backoff = Backoff::new(hour, hour, stop);
-        let retry = backoff.retry("test", || async { Err::<(), _>(timed_out()) }, is_transient);
+        let retry = always_timing_out(&backoff);
         let fire = async {
             tokio::task::yield_now().await;
             trigger.fire();
@@ -306,7 +299,7 @@ mod tests {
         };
         let gave_up = tokio::time::timeout(Duration::from_secs(30), async {
             tokio::select! {
-                gave_up = retry => gave_up.unwrap_err(),
+                (_, gave_up) = retry => gave_up,
                 _ = fire => unreachable!("fire never ends"),
             }
         })
