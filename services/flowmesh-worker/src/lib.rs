@@ -7,17 +7,12 @@ pub mod executor;
 pub mod gpu_subset;
 pub mod hardware;
 pub mod journal;
-pub mod plugin;
-pub mod process;
-pub mod python;
-pub mod runner;
-pub mod ssh;
 mod warm;
 
 pub use config::{Config, WorkerArgs};
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
-use executor::{ExecError, Executor, TaskContext};
+use executor::{ExecError, Executor, TaskContext, plugin, python, runner, ssh};
 use flowmesh_domain::event::{
     Artifact, Author, TaskCancelled, TaskCompleted, TaskFailed, TaskRef, TaskStarted, TaskUpdated,
 };

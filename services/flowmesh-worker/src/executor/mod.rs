@@ -1,14 +1,20 @@
 //! Executors: what turns a work order into a result. Each declares its task types and exists
 //! only when its runtime dependency does; the worker advertises the union of their types.
 
-use crate::plugin::Plugin;
-use crate::process::{self, Command};
-use crate::runner::{Runner, Unavailable};
-use crate::ssh::SshExecutor;
+pub mod plugin;
+pub mod process;
+pub mod python;
+pub mod runner;
+pub mod ssh;
+
 use flowmesh_domain::fleet::{ExecutorInfo, Gpu};
 use flowmesh_domain::work::WorkOrder;
 use flowmesh_nats::Shutdown;
+use plugin::Plugin;
+use process::Command;
+use runner::{Runner, Unavailable};
 use serde_json::Value;
+use ssh::SshExecutor;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -194,7 +200,7 @@ impl Executor {
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
         match self {
             Executor::Echo => flowmesh_domain::echo::run(&ctx.order.spec).map_err(ExecError::Permanent),
-            Executor::Python { interpreter } => crate::python::run(interpreter, ctx).await,
+            Executor::Python { interpreter } => python::run(interpreter, ctx).await,
             Executor::Plugin(p) => ctx.run_command(&p.command).await,
             Executor::Ssh(s) => s.run(ctx).await,
             Executor::Runner(r) => r.run(ctx).await,

@@ -2,9 +2,9 @@
 //! operator's caps, with the chosen GPUs, upstream inputs mounted read-only and an output folder
 //! whose files become the task's artifacts.
 
+use crate::executor::process::{self, EXIT_RETRYABLE};
 use crate::executor::{ExecError, TaskContext};
 use crate::gpu_subset;
-use crate::process::{self, EXIT_RETRYABLE};
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
