@@ -1,127 +1,24 @@
 //! Executors: what turns a work order into a result. Each declares its task types and exists
 //! only when its runtime dependency does; the worker advertises the union of their types.
+//! This file is the registry (`Executor`); each executor is a file of its own, and what they
+//! share is in `context` (`TaskContext`, `ExecError`) and `process` (the process contract).
 
+mod context;
+mod echo;
 pub mod plugin;
-pub mod process;
-pub mod python;
+mod process;
+pub(crate) mod python;
 pub mod runner;
 pub mod ssh;
 
-use flowmesh_domain::fleet::{ExecutorInfo, Gpu};
-use flowmesh_domain::work::WorkOrder;
-use flowmesh_nats::Shutdown;
+pub use context::{ExecError, TaskContext, Update};
+
+use flowmesh_domain::fleet::ExecutorInfo;
 use plugin::Plugin;
-use process::Command;
 use runner::{Runner, Unavailable};
 use serde_json::Value;
 use ssh::SshExecutor;
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::Duration;
-
-/// Why a task did not produce a result.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ExecError {
-    #[error("{0}")]
-    Retryable(String),
-    #[error("{0}")]
-    Permanent(String),
-    #[error("cancelled")]
-    Cancelled,
-    #[error("exceeded the maximum runtime of {0:?}")]
-    TimedOut(Duration),
-}
-
-/// Everything an executor may use for one task.
-pub struct TaskContext {
-    pub order: WorkOrder,
-    /// `RESULTS_DIR/<task_id>/`: the working directory, logs and `results.json`.
-    pub work_dir: PathBuf,
-    /// `RESULTS_DIR/<task_id>/output/`: every file here becomes an artifact.
-    pub output_dir: PathBuf,
-    pub gpus: Vec<Gpu>,
-    pub cancel: Shutdown,
-    pub max_runtime: Option<Duration>,
-    /// Progress the worker reports as `task.updated` (message, structured data).
-    pub updates: Option<tokio::sync::mpsc::UnboundedSender<Update>>,
-}
-
-/// One `task.updated` report from an executor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Update {
-    pub message: String,
-    pub data: Option<Value>,
-}
-
-impl TaskContext {
-    /// Reports progress; dropped silently when nobody listens (tests, `--collect-hw`).
-    pub fn update(&self, message: impl Into<String>, data: Option<Value>) {
-        if let Some(tx) = &self.updates {
-            let _ = tx.send(Update { message: message.into(), data });
-        }
-    }
-}
-
-impl TaskContext {
-    /// The environment of a task process: the worker's own plus the FlowMesh contract variables.
-    fn env(&self) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        if let Some(Value::Object(vars)) = self.order.spec.get("env") {
-            for (k, v) in vars {
-                env.insert(k.clone(), v.as_str().map_or_else(|| v.to_string(), str::to_owned));
-            }
-        }
-        env.insert("FLOWMESH_TASK_FILE".into(), self.work_dir.join("task.json").display().to_string());
-        env.insert("FLOWMESH_RESULT_FILE".into(), self.work_dir.join("result.json").display().to_string());
-        env.insert("FLOWMESH_OUTPUT_DIR".into(), self.output_dir.display().to_string());
-        env.insert("FLOWMESH_INPUTS_DIR".into(), self.work_dir.join("inputs").display().to_string());
-        env.insert("FLOWMESH_TASK_ID".into(), self.order.task_id.clone());
-        env.insert("FLOWMESH_ATTEMPT".into(), self.order.attempt.to_string());
-        let visible: Vec<String> =
-            self.gpus.iter().map(|g| if g.uuid.is_empty() { g.index.to_string() } else { g.uuid.clone() }).collect();
-        env.insert("CUDA_VISIBLE_DEVICES".into(), visible.join(","));
-        env
-    }
-
-    /// Runs an external command under the process contract and reads its result file.
-    pub async fn run_command(&self, argv: &[String]) -> Result<Value, ExecError> {
-        self.run_command_with(argv, &BTreeMap::new()).await
-    }
-
-    /// `run_command` with variables that override the contract's (a runner's GPU subset, threads).
-    pub async fn run_command_with(
-        &self,
-        argv: &[String],
-        extra: &BTreeMap<String, String>,
-    ) -> Result<Value, ExecError> {
-        let task_file = self.work_dir.join("task.json");
-        let task_json = serde_json::to_vec_pretty(&self.order).expect("work orders serialize");
-        std::fs::write(&task_file, task_json).map_err(|e| ExecError::Retryable(format!("writing task.json: {e}")))?;
-        let mut env = self.env();
-        env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let result = process::run(
-            Command { argv, env: &env, cwd: &self.work_dir, log_dir: &self.work_dir, max_runtime: self.max_runtime },
-            self.cancel.clone(),
-        )
-        .await;
-        if let Err(ExecError::Permanent(message)) = &result {
-            let tail = process::tail(&self.work_dir.join("stderr.log"), 400);
-            if !tail.is_empty() {
-                return Err(ExecError::Permanent(format!("{message}; stderr ends: {tail}")));
-            }
-        }
-        result?;
-        let result_file = self.work_dir.join("result.json");
-        match std::fs::read(&result_file) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| ExecError::Permanent(format!("the command wrote a result file that is not JSON: {e}"))),
-            Err(_) => Ok(serde_json::json!({
-                "ok": true,
-                "stdout": process::tail(&self.work_dir.join("stdout.log"), 4096),
-            })),
-        }
-    }
-}
+use std::path::Path;
 
 /// Every executor kind, matched exhaustively.
 pub enum Executor {
@@ -199,9 +96,9 @@ impl Executor {
 
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
         match self {
-            Executor::Echo => flowmesh_domain::echo::run(&ctx.order.spec).map_err(ExecError::Permanent),
+            Executor::Echo => echo::run(ctx),
             Executor::Python { interpreter } => python::run(interpreter, ctx).await,
-            Executor::Plugin(p) => ctx.run_command(&p.command).await,
+            Executor::Plugin(p) => p.run(ctx).await,
             Executor::Ssh(s) => s.run(ctx).await,
             Executor::Runner(r) => r.run(ctx).await,
             Executor::Unavailable(u) => {
@@ -209,4 +106,16 @@ impl Executor {
             }
         }
     }
+}
+
+/// What a worker lists while its ML runners are being asked: one entry, serving nothing.
+pub fn initialising(python: &str) -> Executor {
+    Executor::Unavailable(runner::initialising(python))
+}
+
+/// The executors for `FLOWMESH_RUNNERS`: one per runner that initialised, and one listing each
+/// that did not (it serves nothing).
+pub async fn runners(python: &str, cache: Option<&Path>, machine: &str) -> Vec<Executor> {
+    let (ready, missing) = runner::discover(python, cache, machine).await;
+    ready.into_iter().map(Executor::Runner).chain(missing.into_iter().map(Executor::Unavailable)).collect()
 }
