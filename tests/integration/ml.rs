@@ -336,7 +336,7 @@ async fn cancelling_a_training_run_kills_its_runner_process() -> anyhow::Result<
 /// everything again; other GPUs (or another interpreter) probe afresh. `python3 -S` keeps it quick.
 #[tokio::test]
 async fn a_probe_is_remembered_per_interpreter_packages_and_gpus() -> anyhow::Result<()> {
-    use flowmesh_worker::runner::{Source, probe};
+    use flowmesh_worker::executor::runner::{Source, probe};
     let dir = tempfile::tempdir()?;
     let python = interpreter(dir.path(), None, "-S")?;
     let cache = dir.path().join("cache");

@@ -97,7 +97,7 @@ pub struct Config {
     pub executors_file: Option<PathBuf>,
     /// The interpreter to ask for ML runners (`FLOWMESH_RUNNERS`); `None` builds none.
     pub runners_python: Option<String>,
-    /// Where probe answers are remembered (`runner::Probe`); `None` probes at every start.
+    /// Where probe answers are remembered (`executor::runner::probe`); `None` probes at every start.
     pub runners_cache: Option<PathBuf>,
     pub simulate_hw: Option<Hardware>,
     pub drain_grace: Duration,

@@ -7,17 +7,12 @@ pub mod executor;
 pub mod gpu_subset;
 pub mod hardware;
 pub mod journal;
-pub mod plugin;
-pub mod process;
-pub mod python;
-pub mod runner;
-pub mod ssh;
 mod warm;
 
 pub use config::{Config, WorkerArgs};
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
-use executor::{ExecError, Executor, TaskContext};
+use executor::{ExecError, Executor, TaskContext, plugin, python, ssh};
 use flowmesh_domain::event::{Artifact, Author, TaskRef, TaskStarted, TaskUpdated};
 use flowmesh_domain::fleet::{SlotCount, Slots, WorkerSnapshot, WorkerStatus, uses_service_slot};
 use flowmesh_domain::work::{self, Completion, Outcome, WorkOrder};
@@ -151,7 +146,7 @@ pub async fn print_hardware(config: &Config) -> anyhow::Result<()> {
     let mut executors = build_executors(config, &probe).await?;
     if let Some(python) = &config.runners_python {
         let machine = runner_machine_key(cuda.as_deref());
-        executors.extend(runner::executors(python, config.runners_cache.as_deref(), &machine).await);
+        executors.extend(executor::runners(python, config.runners_cache.as_deref(), &machine).await);
     }
     let report = serde_json::json!({
         "probe": probe,
@@ -270,7 +265,7 @@ pub async fn run(
         inputs: flowmesh_nats::artifacts::Stores::new(&handles.js),
         executors,
         runners: std::sync::RwLock::new(Arc::new(
-            config.runners_python.as_deref().map(runner::initialising).into_iter().collect(),
+            config.runners_python.as_deref().map(executor::initialising).into_iter().collect(),
         )),
         probe,
         journal,
@@ -330,7 +325,7 @@ pub async fn run(
         let machine = runner_machine_key(cuda.as_deref());
         let mut stop = shutdown.clone();
         background.spawn(async move {
-            let probe = runner::executors(&python, shared.config.runners_cache.as_deref(), &machine);
+            let probe = executor::runners(&python, shared.config.runners_cache.as_deref(), &machine);
             tokio::select! {
                 // A stopping worker publishes no snapshot: it is about to delete its own.
                 _ = stop.wait() => {}
@@ -934,7 +929,7 @@ mod tests {
     use serde_json::json;
 
     fn runner(name: &str, backends: &[&str]) -> Executor {
-        Executor::Runner(runner::Runner {
+        Executor::Runner(executor::runner::Runner {
             name: name.to_owned(),
             task_types: vec!["inference".to_owned()],
             backends: backends.iter().map(|b| (*b).to_owned()).collect(),

@@ -7,8 +7,9 @@ use bollard::query_parameters::ListContainersOptions;
 use flowmesh_domain::fleet::{Hardware, SshLimits};
 use flowmesh_domain::work::WorkOrder;
 use flowmesh_nats::{Trigger, shutdown};
+use flowmesh_worker::executor::ssh::plan::{LABEL_TASK_ID, input_mounts};
+use flowmesh_worker::executor::ssh::{SshExecutor, SshSettings};
 use flowmesh_worker::executor::{ExecError, TaskContext};
-use flowmesh_worker::ssh::{LABEL_TASK_ID, SshExecutor, SshSettings};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -226,7 +227,7 @@ async fn inputs_are_mounted_read_only_and_output_over_max_bytes_fails() {
     spec["sshOutput"] = json!({"mountPath": "/mnt/out", "maxBytes": 1024});
     let (_trigger, ctx, _dir) = task("inputs", spec.clone());
     // The caller fills the input folders before the run (here with a stand-in upstream result).
-    let mounts = flowmesh_worker::ssh::input_mounts(&ctx.order.spec, &ctx.work_dir);
+    let mounts = input_mounts(&ctx.order.spec, &ctx.work_dir);
     std::fs::create_dir_all(&mounts[0].0).unwrap();
     std::fs::write(mounts[0].0.join("results.json"), br#"{"items":[1,2]}"#).unwrap();
 

@@ -1,8 +1,10 @@
 //! Running an external command for a task: its own process group, logs to files, a deadline,
-//! cancellation, and the exit-status contract (0 ok, 75 retryable, anything else permanent).
+//! cancellation, and the exit-status contract (0 ok, 75 retryable, anything else permanent);
+//! `TaskContext::run_command` runs one with the task's environment and reads its result file.
 
-use crate::executor::ExecError;
+use crate::executor::context::{ExecError, TaskContext, deadline};
 use flowmesh_nats::Shutdown;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
@@ -39,12 +41,6 @@ pub async fn run(cmd: Command<'_>, mut cancel: Shutdown) -> Result<(), ExecError
         .spawn()
         .map_err(|e| ExecError::Permanent(format!("could not start {program:?}: {e}")))?;
     let pid = child.id();
-    let deadline = async {
-        match cmd.max_runtime {
-            Some(limit) => tokio::time::sleep(limit).await,
-            None => std::future::pending().await,
-        }
-    };
     let outcome = tokio::select! {
         status = child.wait() => status.map_err(|e| ExecError::Retryable(format!("waiting for {program:?}: {e}")))?,
         _ = cancel.wait() => {
@@ -52,7 +48,7 @@ pub async fn run(cmd: Command<'_>, mut cancel: Shutdown) -> Result<(), ExecError
             let _ = child.wait().await;
             return Err(ExecError::Cancelled);
         }
-        _ = deadline => {
+        _ = deadline(cmd.max_runtime) => {
             kill_group(pid);
             let _ = child.wait().await;
             return Err(ExecError::TimedOut(cmd.max_runtime.unwrap_or_default()));
@@ -82,4 +78,45 @@ pub fn tail(path: &Path, max: usize) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let start = text.len().saturating_sub(max);
     String::from_utf8_lossy(&text[start..]).trim().to_owned()
+}
+
+impl TaskContext {
+    /// Runs an external command under the process contract and reads its result file.
+    pub async fn run_command(&self, argv: &[String]) -> Result<Value, ExecError> {
+        self.run_command_with(argv, &BTreeMap::new()).await
+    }
+
+    /// `run_command` with variables that override the contract's (a runner's GPU subset, threads).
+    pub async fn run_command_with(
+        &self,
+        argv: &[String],
+        extra: &BTreeMap<String, String>,
+    ) -> Result<Value, ExecError> {
+        let task_file = self.work_dir.join("task.json");
+        let task_json = serde_json::to_vec_pretty(&self.order).expect("work orders serialize");
+        std::fs::write(&task_file, task_json).map_err(|e| ExecError::Retryable(format!("writing task.json: {e}")))?;
+        let mut env = self.env();
+        env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let result = run(
+            Command { argv, env: &env, cwd: &self.work_dir, log_dir: &self.work_dir, max_runtime: self.max_runtime },
+            self.cancel.clone(),
+        )
+        .await;
+        if let Err(ExecError::Permanent(message)) = &result {
+            let ends = tail(&self.work_dir.join("stderr.log"), 400);
+            if !ends.is_empty() {
+                return Err(ExecError::Permanent(format!("{message}; stderr ends: {ends}")));
+            }
+        }
+        result?;
+        let result_file = self.work_dir.join("result.json");
+        match std::fs::read(&result_file) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| ExecError::Permanent(format!("the command wrote a result file that is not JSON: {e}"))),
+            Err(_) => Ok(serde_json::json!({
+                "ok": true,
+                "stdout": tail(&self.work_dir.join("stdout.log"), 4096),
+            })),
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Plugin executors from the TOML file named by `FLOWMESH_EXECUTORS`:
 //! `[[executor]] name, task_types, requires_gpu, probe = [argv], command = [argv]`.
 
+use crate::executor::context::{ExecError, TaskContext};
 use serde::Deserialize;
+use serde_json::Value;
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -23,6 +25,13 @@ pub struct Plugin {
     /// `FLOWMESH_MODEL_CACHE`); absent means this executor does not prewarm.
     #[serde(default)]
     pub prewarm: Vec<String>,
+}
+
+impl Plugin {
+    /// Runs its command under the process contract.
+    pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
+        ctx.run_command(&self.command).await
+    }
 }
 
 #[derive(Debug, Deserialize)]

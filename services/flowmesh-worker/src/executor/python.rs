@@ -1,7 +1,7 @@
 //! The `python` executor: FlowMesh's `code` + `entrypoint` (a function whose return value is the
 //! result), or our `command` extension (any command line, result from `FLOWMESH_RESULT_FILE`).
 
-use crate::executor::{ExecError, TaskContext};
+use crate::executor::context::{ExecError, TaskContext, command_line, text};
 use flowmesh_domain::work::WorkOrder;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -99,18 +99,11 @@ pub async fn run(interpreter: &str, ctx: &TaskContext) -> Result<Value, ExecErro
         let argv = vec![interpreter.to_owned(), "flowmesh_runner.py".to_owned(), entrypoint.to_owned()];
         return ctx.run_command_with(&argv, &inputs_env(ctx)).await;
     }
-    let argv: Vec<String> = match spec.get("command") {
-        Some(Value::String(line)) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
-        Some(Value::Array(items)) => {
-            items.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)).collect()
-        }
-        _ => {
-            return Err(ExecError::Permanent("a python task needs code or command".to_owned()));
-        }
+    let Some(mut argv) = command_line(spec.get("command")) else {
+        return Err(ExecError::Permanent("a python task needs code or command".to_owned()));
     };
-    let mut argv = argv;
     if let Some(Value::Array(args)) = spec.get("args") {
-        argv.extend(args.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned)));
+        argv.extend(args.iter().map(text));
     }
     ctx.run_command_with(&argv, &inputs_env(ctx)).await
 }

@@ -2,7 +2,7 @@
 //! at start what initialised here, then run as one process per task under the plugin contract,
 //! with its GPU subset, CPU threads and progress lines (`$FLOWMESH_PROGRESS_FILE`) handled here.
 
-use crate::executor::{ExecError, TaskContext};
+use crate::executor::context::{ExecError, TaskContext, device_id};
 use flowmesh_domain::fleet::{Gpu, Hardware};
 use flowmesh_domain::placement::request_for;
 use serde::Deserialize;
@@ -158,18 +158,17 @@ fn remember(file: &Path, text: &str) -> std::io::Result<()> {
 }
 
 /// What a worker lists while its runners are being asked: one entry, serving nothing.
-pub fn initialising(python: &str) -> crate::executor::Executor {
-    crate::executor::Executor::Unavailable(Unavailable {
+pub fn initialising(python: &str) -> Unavailable {
+    Unavailable {
         name: "flowmesh_runners".to_owned(),
         task_types: Vec::new(),
         reason: format!("initialising: asking {python} which runners can run here"),
-    })
+    }
 }
 
-/// The executors for `FLOWMESH_RUNNERS`: one per runner that initialised, and one listing each
-/// that did not (it serves nothing). A package that cannot be asked at all is listed as such.
-pub async fn executors(python: &str, cache: Option<&Path>, machine: &str) -> Vec<crate::executor::Executor> {
-    use crate::executor::Executor;
+/// The runners for `FLOWMESH_RUNNERS`: those that initialised, and those that did not (listed,
+/// serving nothing). A package that cannot be asked at all is listed as one that did not.
+pub async fn discover(python: &str, cache: Option<&Path>, machine: &str) -> (Vec<Runner>, Vec<Unavailable>) {
     match probe(python, cache, machine).await {
         Ok((ready, missing, source)) => {
             for u in &missing {
@@ -177,15 +176,11 @@ pub async fn executors(python: &str, cache: Option<&Path>, machine: &str) -> Vec
             }
             let names: Vec<&str> = ready.iter().map(|r| r.name.as_str()).collect();
             tracing::info!(runners = ?names, ?source, "ML runners initialised");
-            ready.into_iter().map(Executor::Runner).chain(missing.into_iter().map(Executor::Unavailable)).collect()
+            (ready, missing)
         }
         Err(why) => {
             tracing::warn!(reason = %why, "FLOWMESH_RUNNERS: no ML runners");
-            vec![Executor::Unavailable(Unavailable {
-                name: "flowmesh_runners".to_owned(),
-                task_types: Vec::new(),
-                reason: why,
-            })]
+            (Vec::new(), vec![Unavailable { name: "flowmesh_runners".to_owned(), task_types: Vec::new(), reason: why }])
         }
     }
 }
@@ -202,8 +197,7 @@ pub fn plan(task_type: &str, spec: &Value, gpus: &[Gpu], progress_file: &Path) -
     let request = request_for(task_type, spec, None)?;
     let hw = Hardware { gpus: gpus.to_vec(), ..Hardware::default() };
     let chosen = crate::gpu_subset::select(&request.gpu, &hw, true)?;
-    let visible: Vec<String> =
-        chosen.iter().map(|g| if g.uuid.is_empty() { g.index.to_string() } else { g.uuid.clone() }).collect();
+    let visible: Vec<String> = chosen.iter().map(device_id).collect();
     let mut env = BTreeMap::new();
     env.insert("CUDA_VISIBLE_DEVICES".to_owned(), visible.join(","));
     if request.cpu > 0.0 {

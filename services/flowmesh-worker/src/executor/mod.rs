@@ -1,0 +1,121 @@
+//! Executors: what turns a work order into a result. Each declares its task types and exists
+//! only when its runtime dependency does; the worker advertises the union of their types.
+//! This file is the registry (`Executor`); each executor is a file of its own, and what they
+//! share is in `context` (`TaskContext`, `ExecError`) and `process` (the process contract).
+
+mod context;
+mod echo;
+pub mod plugin;
+mod process;
+pub(crate) mod python;
+pub mod runner;
+pub mod ssh;
+
+pub use context::{ExecError, TaskContext, Update};
+
+use flowmesh_domain::fleet::ExecutorInfo;
+use plugin::Plugin;
+use runner::{Runner, Unavailable};
+use serde_json::Value;
+use ssh::SshExecutor;
+use std::path::Path;
+
+/// Every executor kind, matched exhaustively.
+pub enum Executor {
+    Echo,
+    Python {
+        interpreter: String,
+    },
+    Plugin(Plugin),
+    Ssh(Box<SshExecutor>),
+    /// An ML runner of the `flowmesh_runners` package that initialised here.
+    Runner(Runner),
+    /// A runner that did not initialise: listed with its reason, serves nothing.
+    Unavailable(Unavailable),
+}
+
+impl Executor {
+    pub fn name(&self) -> &str {
+        match self {
+            Executor::Echo => "echo",
+            Executor::Python { .. } => "python",
+            Executor::Plugin(p) => &p.name,
+            Executor::Ssh(_) => "ssh",
+            Executor::Runner(r) => &r.name,
+            Executor::Unavailable(u) => &u.name,
+        }
+    }
+
+    pub fn task_types(&self) -> Vec<String> {
+        match self {
+            Executor::Echo => vec!["echo".to_owned()],
+            Executor::Python { .. } => vec!["python".to_owned()],
+            Executor::Plugin(p) => p.task_types.clone(),
+            Executor::Ssh(_) => vec!["ssh".to_owned()],
+            Executor::Runner(r) => r.task_types.clone(),
+            Executor::Unavailable(_) => Vec::new(),
+        }
+    }
+
+    /// Whether a task of this executor has a folder, logs and files to store. An echo runs in
+    /// the worker and produces only its result: no per-task file system work, no uploads (its
+    /// result travels inline in `task.completed`).
+    pub fn uses_files(&self) -> bool {
+        match self {
+            Executor::Echo => false,
+            Executor::Python { .. }
+            | Executor::Plugin(_)
+            | Executor::Ssh(_)
+            | Executor::Runner(_)
+            | Executor::Unavailable(_) => true,
+        }
+    }
+
+    /// The inference backends it serves; empty means not declared (any).
+    pub fn backends(&self) -> Vec<String> {
+        match self {
+            Executor::Plugin(p) => p.backends.clone(),
+            Executor::Runner(r) => r.backends.clone(),
+            Executor::Echo | Executor::Python { .. } | Executor::Ssh(_) | Executor::Unavailable(_) => Vec::new(),
+        }
+    }
+
+    pub fn info(&self) -> ExecutorInfo {
+        let unavailable = match self {
+            Executor::Unavailable(u) if u.task_types.is_empty() => Some(u.reason.clone()),
+            Executor::Unavailable(u) => Some(format!("serves none of {:?}: {}", u.task_types, u.reason)),
+            _ => None,
+        };
+        ExecutorInfo {
+            name: self.name().to_owned(),
+            task_types: self.task_types(),
+            backends: self.backends(),
+            unavailable,
+        }
+    }
+
+    pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
+        match self {
+            Executor::Echo => echo::run(ctx),
+            Executor::Python { interpreter } => python::run(interpreter, ctx).await,
+            Executor::Plugin(p) => p.run(ctx).await,
+            Executor::Ssh(s) => s.run(ctx).await,
+            Executor::Runner(r) => r.run(ctx).await,
+            Executor::Unavailable(u) => {
+                Err(ExecError::Permanent(format!("runner {} is not available: {}", u.name, u.reason)))
+            }
+        }
+    }
+}
+
+/// What a worker lists while its ML runners are being asked: one entry, serving nothing.
+pub fn initialising(python: &str) -> Executor {
+    Executor::Unavailable(runner::initialising(python))
+}
+
+/// The executors for `FLOWMESH_RUNNERS`: one per runner that initialised, and one listing each
+/// that did not (it serves nothing).
+pub async fn runners(python: &str, cache: Option<&Path>, machine: &str) -> Vec<Executor> {
+    let (ready, missing) = runner::discover(python, cache, machine).await;
+    ready.into_iter().map(Executor::Runner).chain(missing.into_iter().map(Executor::Unavailable)).collect()
+}
