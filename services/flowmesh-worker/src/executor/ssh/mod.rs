@@ -442,22 +442,11 @@ async fn copy_logs(docker: Docker, id: String, dir: PathBuf) -> std::io::Result<
 
 /// Bytes in the regular files under `dir`; links are counted as themselves, never followed.
 fn folder_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&current) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                total += meta.len();
-            }
-        }
-    }
-    total
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.metadata().ok())
+        .filter(|meta| !meta.is_dir())
+        .map(|meta| meta.len())
+        .sum()
 }
