@@ -937,14 +937,6 @@ mod tests {
         })
     }
 
-    fn order(spec: Value) -> WorkOrder {
-        serde_json::from_value(json!({
-            "workflow_id": "wf-1", "task_id": "wf-1-main", "stage": "main", "attempt": 1,
-            "task_type": "inference", "spec": spec,
-        }))
-        .expect("a work order")
-    }
-
     /// The executor that runs an inference task serves its backend: one that lists it, else one
     /// that declares none; never one that serves another backend only.
     #[test]
@@ -963,7 +955,7 @@ mod tests {
         let vllm_spec = json!({"model": {"vllm": {}}});
         let cpu_spec = json!({"enforce_cpu": true});
         let pick = |executors: &[&Executor], spec: &Value| {
-            select_executor(executors, &order(spec.clone())).map(|e| e.name().to_owned())
+            select_executor(executors, &executor::order("inference", spec.clone())).map(|e| e.name().to_owned())
         };
         assert_eq!(pick(&[&hf, &vllm], &vllm_spec).unwrap(), "vllm");
         assert_eq!(pick(&[&vllm, &hf], &cpu_spec).unwrap(), "transformers");

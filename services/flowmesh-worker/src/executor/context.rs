@@ -131,18 +131,20 @@ pub async fn deadline(limit: Option<Duration>) {
     }
 }
 
+/// A work order for unit tests: task `wf-1-main`, attempt 3, of `task_type` with `spec`.
+#[cfg(test)]
+pub(crate) fn order(task_type: &str, spec: Value) -> WorkOrder {
+    serde_json::from_value(serde_json::json!({
+        "workflow_id": "wf-1", "task_id": "wf-1-main", "stage": "main", "attempt": 3,
+        "task_type": task_type, "spec": spec,
+    }))
+    .expect("a work order")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    fn order(spec: Value) -> WorkOrder {
-        serde_json::from_value(json!({
-            "workflow_id": "wf-1", "task_id": "wf-1-main", "stage": "main", "attempt": 3,
-            "task_type": "python", "spec": spec,
-        }))
-        .expect("a work order")
-    }
 
     /// A process on the worker gets host paths and always `CUDA_VISIBLE_DEVICES` (empty without
     /// GPUs); the contract's variables override the spec's `env`, whose values become text.
@@ -152,7 +154,7 @@ mod tests {
         let (_trigger, cancel) = flowmesh_nats::shutdown::channel();
         let gpu = |index, uuid: &str| Gpu { index, uuid: uuid.to_owned(), name: "GPU".to_owned(), memory_bytes: 0 };
         let mut ctx = TaskContext {
-            order: order(spec),
+            order: order("python", spec),
             work_dir: PathBuf::from("/r/wf-1-main"),
             output_dir: PathBuf::from("/r/wf-1-main/output"),
             gpus: vec![gpu(0, "GPU-a"), gpu(1, "")],

@@ -11,6 +11,8 @@ pub(crate) mod python;
 pub mod runner;
 pub mod ssh;
 
+#[cfg(test)]
+pub(crate) use context::order;
 pub use context::{ExecError, TaskContext, Update};
 
 use flowmesh_domain::fleet::ExecutorInfo;
