@@ -94,6 +94,9 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(cpu, ["bench test", "nats-server"], "{report:#?}");
     assert!(report.cpu_ms_per_task.values().all(|ms| ms.is_finite() && *ms >= 0.0), "{report:#?}");
     assert!(report.cpu_ms_per_task["bench test"] > 0.0, "twenty workflows took no CPU here: {report:#?}");
+    let memory: Vec<&str> = report.peak_rss_mib.keys().map(String::as_str).collect();
+    assert_eq!(memory, ["bench test", "nats-server"], "{report:#?}");
+    assert!(report.peak_rss_mib.values().all(|mib| *mib > 1.0), "{report:#?}");
 
     let json = serde_json::to_string(&report)?;
     assert_eq!(serde_json::from_str::<Report>(&json)?, report);

@@ -293,6 +293,9 @@ pub struct Report {
     /// workflow (`Options::cpu_of`).
     #[serde(default)]
     pub cpu_ms_per_task: BTreeMap<String, f64>,
+    /// The most memory each measured process has held (`VmHWM`), in MiB, read after the run.
+    #[serde(default)]
+    pub peak_rss_mib: BTreeMap<String, f64>,
 }
 
 impl Report {
@@ -338,6 +341,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     };
     let (p, begin) = pipeline(js, &bodies, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
+    let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     let after = stream_sequences(js).await?;
     let stored: BTreeMap<String, u64> = after
         .iter()
@@ -376,6 +380,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         stored_per_task,
         efficiency,
         cpu_ms_per_task,
+        peak_rss_mib,
     })
 }
 
@@ -899,6 +904,10 @@ pub fn render(r: &Report) -> String {
         let each: Vec<String> = r.cpu_ms_per_task.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect();
         rows.push(vec!["CPU ms/task".to_owned(), format!("{total:.3} ({})", each.join(", "))]);
     }
+    if !r.peak_rss_mib.is_empty() {
+        let each: Vec<String> = r.peak_rss_mib.iter().map(|(name, mib)| format!("{name} {mib:.0}")).collect();
+        rows.push(vec!["peak MiB".to_owned(), each.join(", ")]);
+    }
     let mut out = table::render(&["MEASURE", "VALUE"], &rows);
     out.push('\n');
     let mut latency = Vec::new();
@@ -1037,10 +1046,12 @@ mod tests {
             efficiency: Some(0.0025),
             rate: None,
             cpu_ms_per_task: BTreeMap::from([("nats-server 7".to_owned(), 0.25), ("flowmesh bench".to_owned(), 0.5)]),
+            peak_rss_mib: BTreeMap::from([("nats-server 7".to_owned(), 40.4)]),
         };
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
         assert!(text.contains("0.750 (flowmesh bench 0.500, nats-server 7 0.250)"), "{text}");
+        assert!(text.contains("nats-server 7 40"), "{text}");
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.lines().any(|l| l.starts_with("submit → done") && l.contains(" -")), "{text}");

@@ -1,5 +1,5 @@
-//! CPU time of the processes a bench measures, read from `/proc` (Linux; elsewhere none is
-//! measured): this one and, on the same machine, every `nats-server` and FlowMesh service
+//! CPU time and peak memory of the processes a bench measures, read from `/proc` (Linux;
+//! elsewhere none is measured): this one and, on the same machine, every `nats-server` and FlowMesh service
 //! process, or the processes of a dev stack.
 
 use std::collections::BTreeMap;
@@ -69,6 +69,22 @@ fn parse_stat(stat: &str, ticks_per_sec: f64) -> Option<f64> {
     Some((utime + stime) as f64 * 1000.0 / ticks_per_sec)
 }
 
+/// The most resident memory the process has held so far (`VmHWM`), in MiB.
+pub fn peak_rss_mib(pid: u32) -> Option<f64> {
+    parse_peak_rss(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+fn parse_peak_rss(status: &str) -> Option<f64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Each process's peak memory so far, by name.
+pub fn peak_rss(processes: &[Process]) -> BTreeMap<String, f64> {
+    processes.iter().filter_map(|p| Some((p.name.clone(), peak_rss_mib(p.pid)?))).collect()
+}
+
 /// CPU readings of several processes at one moment.
 #[derive(Debug, Clone, Default)]
 pub struct Sample(BTreeMap<Process, f64>);
@@ -96,6 +112,14 @@ mod tests {
         let odd = "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 3 1 0 0 20 0 1 0 5 0 0";
         assert_eq!(parse_stat(odd, 100.0), Some(40.0));
         assert_eq!(parse_stat("7 (short) R 1", 100.0), None);
+    }
+
+    #[test]
+    fn status_files_read_peak_memory() {
+        let status = "Name:\tnats-server\nVmPeak:\t 1300000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t   40000 kB\n";
+        assert_eq!(parse_peak_rss(status), Some(50.0));
+        assert_eq!(parse_peak_rss("Name:\tx\n"), None);
+        assert!(peak_rss_mib(std::process::id()).is_some_and(|mib| mib > 0.0));
     }
 
     #[test]
