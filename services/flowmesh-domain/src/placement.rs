@@ -473,6 +473,37 @@ impl<'a> FleetIndex<'a> {
         FleetIndex { workers, by_type, rankings: Default::default(), unplaceable: Default::default() }
     }
 
+    /// Whether every worker that serves `task_type` has all its slots of that kind taken (at
+    /// least one serves it): no task of the type can be placed until one frees.
+    pub fn full(&self, task_type: &str) -> bool {
+        let service = uses_service_slot(task_type);
+        self.by_type.get(task_type).is_some_and(|serving| {
+            serving.iter().all(|&i| {
+                let c = &self.workers[i].candidate;
+                let (slot, in_use) = if service {
+                    (c.snapshot.slots.service, c.service_in_use)
+                } else {
+                    (c.snapshot.slots.batch, c.batch_in_use)
+                };
+                in_use >= slot.total
+            })
+        })
+    }
+
+    /// A digest of what decides whether a waiting task could be placed, slots aside: each live
+    /// worker (by id and start), the task types and executors it serves, its tags, cordon and
+    /// drain. Equal digests mean the same fleet for every explanation but "no free slot".
+    pub fn signature(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for w in &self.workers {
+            let (c, s) = (&w.candidate, w.candidate.snapshot);
+            (&s.id, &s.started_at, &s.supported_task_types, &s.tags, s.executors.len()).hash(&mut h);
+            (c.cordoned, c.draining, s.status == WorkerStatus::Draining).hash(&mut h);
+        }
+        h.finish()
+    }
+
     /// Records that a task was just placed on `worker_id` (its slot is taken until the fleet is rebuilt).
     pub fn occupy(&mut self, worker_id: &str, service: bool) {
         if let Ok(i) = self.workers.binary_search_by(|w| w.candidate.snapshot.id.as_str().cmp(worker_id)) {

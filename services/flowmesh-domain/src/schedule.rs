@@ -59,15 +59,32 @@ fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
 /// the end of each round, so it holds no more than the backlog.
 #[derive(Debug, Default)]
 pub struct Requests {
-    known: HashMap<(String, u32), Request>,
-    used: HashSet<(String, u32)>,
-    /// The last busy explanation hinted for each waiting task attempt.
-    hinted: HashMap<(String, u32), String>,
+    /// By task id (looked up without allocating), for its current attempt.
+    tasks: HashMap<String, Remembered>,
+    /// This round's number: an entry not stamped with it at the end of a round is dropped.
+    round: u64,
+}
+
+/// What is remembered of one waiting task attempt.
+#[derive(Debug)]
+struct Remembered {
+    attempt: u32,
+    request: Request,
+    /// The last busy explanation hinted, and the fleet it was given for (`FleetIndex::signature`).
+    hinted: Option<Hinted>,
+    /// The last round the task was waiting in.
+    round: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Hinted {
+    message: String,
+    fleet: u64,
 }
 
 impl Requests {
     pub fn is_empty(&self) -> bool {
-        self.known.is_empty()
+        self.tasks.is_empty()
     }
 }
 
@@ -86,10 +103,12 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     requests: &mut Requests,
 ) -> Vec<Action> {
     let fleet: Vec<&WorkerSnapshot> = fleet.iter().map(Borrow::borrow).collect();
-    requests.used.clear();
+    // Looked up once per round, oldest submission first.
+    let running: Vec<&WorkflowState> = state.running_workflows().collect();
+    requests.round += 1;
     let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
     // Only a running workflow can have a task on a worker: it ends when all its tasks have.
-    for wf in state.running_workflows() {
+    for wf in &running {
         for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
             if let Some(worker) = t.worker_id.as_deref() {
                 let entry = usage.entry(worker).or_default();
@@ -116,7 +135,7 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     let mut actions = Vec::new();
     // Inference executions under way lead the identical requests that arrive while they run.
     let mut leaders: HashMap<String, String> = HashMap::new();
-    for wf in state.running_workflows() {
+    for wf in &running {
         for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
             if let Some(key) = merge_key(wf, t) {
                 leaders.entry(key).or_insert_with(|| t.def.task_id.clone());
@@ -124,15 +143,13 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
         }
     }
     // Oldest submission first, so a busy fleet serves workflows in the order they came.
-    for wf in state.running_workflows() {
-        let round = Round { state, live: &live, now_ms, config };
+    let round = Round { state, live: &live, now_ms, config, fleet: index.signature() };
+    for wf in &running {
         decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
     }
-    actions.extend(prewarm_hints(state, &candidates));
-    let used = std::mem::take(&mut requests.used);
-    requests.known.retain(|key, _| used.contains(key));
-    requests.hinted.retain(|key, _| used.contains(key));
-    requests.used = used;
+    actions.extend(prewarm_hints(state, &running, &candidates));
+    let round = requests.round;
+    requests.tasks.retain(|_, remembered| remembered.round == round);
     actions
 }
 
@@ -140,10 +157,10 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
 /// stages end, which no live worker holds warm, gets one idle worker that could run it asked to
 /// load the model now (`worker.prewarm_requested`, once per model; the lowest id among idle
 /// workers that pass every permanent rule).
-fn prewarm_hints(state: &State, candidates: &[Candidate<'_>]) -> Vec<Action> {
+fn prewarm_hints(state: &State, running: &[&WorkflowState], candidates: &[Candidate<'_>]) -> Vec<Action> {
     let mut asked: HashSet<String> = HashSet::new();
     let mut out = Vec::new();
-    for wf in state.running_workflows() {
+    for wf in running {
         for t in wf.tasks.iter().filter(|t| t.status == TaskStatus::Waiting) {
             let upstream_running = t.def.depends_on.iter().any(|d| wf.task(d).is_some_and(|u| !u.status.is_terminal()));
             if !upstream_running {
@@ -183,6 +200,8 @@ struct Round<'a> {
     live: &'a HashMap<&'a str, &'a WorkerSnapshot>,
     now_ms: u64,
     config: &'a Config,
+    /// The fleet's `FleetIndex::signature` this round.
+    fleet: u64,
 }
 
 /// Identical inference requests — same model, backend, generation parameters and inputs — share
@@ -267,15 +286,16 @@ fn decide_workflow(
     leaders: &mut HashMap<String, String>,
     actions: &mut Vec<Action>,
 ) {
-    let (live, now_ms, config) = (round.live, round.now_ms, round.config);
+    let live = round.live;
     let ends_before = actions.len();
     for t in &wf.tasks {
-        let tref = task_ref(&wf.workflow_id, t);
+        // Built only for an action: a backlog's waiting tasks mostly produce none.
+        let tref = || task_ref(&wf.workflow_id, t);
         match t.status {
             TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Skipped | TaskStatus::Cancelled => {}
             TaskStatus::Retrying => {
                 actions.push(Action::Publish(EventBody::TaskRequeued(TaskRequeued {
-                    task: TaskRef { attempt: t.attempt + 1, ..tref },
+                    task: TaskRef { attempt: t.attempt + 1, ..tref() },
                     reason: t.reason.clone().unwrap_or_else(|| "retry".to_owned()),
                     worker_id: None,
                 })));
@@ -287,19 +307,19 @@ fn decide_workflow(
                 }
                 let body = if t.cancel_requested {
                     EventBody::TaskCancelled(TaskCancelled {
-                        task: tref,
+                        task: tref(),
                         worker_id: Some(worker.to_owned()),
                         reason: format!("cancel requested; worker {worker} was lost"),
                     })
                 } else if t.attempt < t.def.max_attempts {
                     EventBody::TaskRequeued(TaskRequeued {
-                        task: TaskRef { attempt: t.attempt + 1, ..tref },
+                        task: TaskRef { attempt: t.attempt + 1, ..tref() },
                         reason: "worker_lost".to_owned(),
                         worker_id: Some(worker.to_owned()),
                     })
                 } else {
                     EventBody::TaskFailed(TaskFailed {
-                        task: tref,
+                        task: tref(),
                         worker_id: Some(worker.to_owned()),
                         reason: FailureReason::WorkerLost,
                         message: format!("worker {worker} was lost on the last of {} attempts", t.def.max_attempts),
@@ -309,12 +329,12 @@ fn decide_workflow(
                 actions.push(Action::Publish(body));
             }
             TaskStatus::Merged => {
-                if let Some(action) = decide_merged(wf, t, tref, round.state) {
+                if let Some(action) = decide_merged(wf, t, tref(), round.state) {
                     actions.push(action);
                 }
             }
             TaskStatus::Waiting | TaskStatus::Pending => {
-                if let Some(action) = decide_waiting(wf, t, tref, index, now_ms, config, requests, leaders) {
+                if let Some(action) = decide_waiting(wf, t, index, round, requests, leaders) {
                     if let Action::Dispatch { event, .. } = &action {
                         index.occupy(&event.worker_id, uses_service_slot(&t.def.task_type));
                     }
@@ -349,16 +369,16 @@ fn decide_workflow(
 fn decide_waiting(
     wf: &WorkflowState,
     t: &TaskState,
-    tref: TaskRef,
     index: &FleetIndex<'_>,
-    now_ms: u64,
-    config: &Config,
+    round: &Round<'_>,
     requests: &mut Requests,
     leaders: &mut HashMap<String, String>,
 ) -> Option<Action> {
-    let fail = |tref: TaskRef, reason: FailureReason, message: String| {
+    let (now_ms, config) = (round.now_ms, round.config);
+    let tref = || task_ref(&wf.workflow_id, t);
+    let fail = |reason: FailureReason, message: String| {
         Some(Action::Publish(EventBody::TaskFailed(TaskFailed {
-            task: tref,
+            task: tref(),
             worker_id: None,
             reason,
             message,
@@ -367,7 +387,7 @@ fn decide_waiting(
     };
     if wf.cancel_requested || t.cancel_requested {
         return Some(Action::Publish(EventBody::TaskCancelled(TaskCancelled {
-            task: tref,
+            task: tref(),
             worker_id: None,
             reason: "cancel requested before dispatch".to_owned(),
         })));
@@ -380,7 +400,6 @@ fn decide_waiting(
             TaskStatus::Completed | TaskStatus::Skipped => {}
             TaskStatus::Failed | TaskStatus::Cancelled => {
                 return fail(
-                    tref,
                     FailureReason::UpstreamFailed,
                     format!("upstream stage {dep:?} did not complete ({:?})", d.status),
                 );
@@ -402,7 +421,7 @@ fn decide_waiting(
         let wanted = condition_text(&condition.equals);
         if actual.as_deref() != Some(wanted.as_str()) {
             return Some(Action::Publish(EventBody::TaskSkipped(TaskSkipped {
-                task: tref,
+                task: tref(),
                 reason: format!(
                     "condition not met: {}.{} is {} (wanted {wanted:?})",
                     condition.node,
@@ -417,7 +436,7 @@ fn decide_waiting(
             Some(leader) if leader != &t.def.task_id => {
                 let message = format!("{} merged with {leader}: one execution, its result for both", t.def.stage);
                 return Some(Action::Publish(EventBody::TaskMerged(TaskMerged {
-                    task: tref,
+                    task: tref(),
                     into: leader.clone(),
                     message,
                 })));
@@ -428,40 +447,51 @@ fn decide_waiting(
             }
         }
     }
-    let key = (t.def.task_id.clone(), t.attempt);
-    requests.used.insert(key.clone());
+    let this_round = requests.round;
     // The spec resolved this round, if it had to be (a task seen waiting before has its request).
     let mut resolved = None;
-    if !requests.known.contains_key(&key) {
+    let known = requests.tasks.get(t.def.task_id.as_str()).is_some_and(|r| r.attempt == t.attempt);
+    if !known {
         let spec = match resolve_spec(wf, t) {
             Ok(spec) => spec,
-            Err(message) => return fail(tref, FailureReason::SpecResolutionFailed, message),
+            Err(message) => return fail(FailureReason::SpecResolutionFailed, message),
         };
         let problems = validate_dispatchable(&spec, &t.def.spec_path);
         if !problems.is_empty() {
             let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            return fail(tref, FailureReason::SpecValidationFailed, text.join("; "));
+            return fail(FailureReason::SpecValidationFailed, text.join("; "));
         }
         let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
             Ok(r) => r,
-            Err(message) => return fail(tref, FailureReason::SpecValidationFailed, message),
+            Err(message) => return fail(FailureReason::SpecValidationFailed, message),
         };
-        requests.known.insert(key.clone(), request);
+        let remembered = Remembered { attempt: t.attempt, request, hinted: None, round: this_round };
+        requests.tasks.insert(t.def.task_id.clone(), remembered);
         resolved = Some(spec);
     }
-    let request = &requests.known[&key];
-    match index.place(request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
+    let remembered = requests.tasks.get_mut(t.def.task_id.as_str()).expect("remembered above");
+    remembered.round = this_round;
+    // Told it waits for a slot, on this same fleet, and still every slot of its type is taken:
+    // nothing to place and nothing new to say, so a backlog costs no placement per round. (A
+    // task with no capable worker is never skipped: its grace clock runs.)
+    if t.unplaceable_since_ms.is_none()
+        && remembered.hinted.as_ref().is_some_and(|h| h.fleet == round.fleet)
+        && index.full(&t.def.task_type)
+    {
+        return None;
+    }
+    match index.place(&remembered.request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
         Placement::Chosen { worker_id, score, explanation } => {
             // Resolution is deterministic: what resolved in an earlier round resolves the same now.
             let spec = match resolved.map_or_else(|| resolve_spec(wf, t), Ok) {
                 Ok(spec) => spec,
-                Err(message) => return fail(tref, FailureReason::SpecResolutionFailed, message),
+                Err(message) => return fail(FailureReason::SpecResolutionFailed, message),
             };
             let order = work_order(wf, t, spec);
             let message = explanation.map(|e| e.message).unwrap_or_else(|| {
                 format!("{} placed on {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)
             });
-            let event = TaskDispatched { task: tref, worker_id, task_type: t.def.task_type.clone(), message };
+            let event = TaskDispatched { task: tref(), worker_id, task_type: t.def.task_type.clone(), message };
             Some(Action::Dispatch { event, order })
         }
         Placement::Pending(explanation) => {
@@ -470,19 +500,22 @@ fn decide_waiting(
             if let Some(since) = since
                 && now_ms.saturating_sub(since) >= config.no_worker_grace_ms
             {
-                return fail(tref, FailureReason::NoEligibleWorker, explanation.message);
+                return fail(FailureReason::NoEligibleWorker, explanation.message);
             }
             if t.pending_message.as_deref() == Some(explanation.message.as_str()) && t.unplaceable_since_ms == since {
                 return None;
             }
             // Busy, and the fold has no unplaceable clock to stop: nothing to store.
             if !unplaceable && t.unplaceable_since_ms.is_none() {
-                if requests.hinted.get(&key) == Some(&explanation.message) {
+                if let Some(hinted) = remembered.hinted.as_mut()
+                    && hinted.message == explanation.message
+                {
+                    hinted.fleet = round.fleet;
                     return None;
                 }
-                requests.hinted.insert(key, explanation.message.clone());
+                remembered.hinted = Some(Hinted { message: explanation.message.clone(), fleet: round.fleet });
                 return Some(Action::Hint(TaskPending {
-                    task: tref,
+                    task: tref(),
                     reason: "busy".to_owned(),
                     message: explanation.message.clone(),
                     explanation,
@@ -490,7 +523,7 @@ fn decide_waiting(
                 }));
             }
             Some(Action::Publish(EventBody::TaskPending(TaskPending {
-                task: tref,
+                task: tref(),
                 reason: if unplaceable { FailureReason::NoEligibleWorker.as_str() } else { "busy" }.to_owned(),
                 message: explanation.message.clone(),
                 explanation,

@@ -12,6 +12,7 @@ use flowmesh_domain::schedule::{Action, Config, Requests, decide, decide_with};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
 /// A small worker with one batch slot, so a second task has to wait.
 fn worker(id: &str, types: &[&str]) -> WorkerSnapshot {
@@ -530,4 +531,56 @@ fn the_router_asks_an_idle_capable_worker_to_prewarm_a_model_a_stage_will_need()
     let mut s = Scenario::new(PREP_THEN_ANSWER, warm);
     s.route();
     assert!(!s.kinds().contains(&"worker.prewarm_requested"));
+}
+
+const THREE_PARALLEL: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: three}
+spec:
+  taskType: echo
+  graph:
+    nodes:
+      - {name: a, spec: {data: {type: list, items: [a]}}}
+      - {name: b, spec: {data: {type: list, items: [b]}}}
+      - {name: c, spec: {data: {type: list, items: [c]}, workerTags: [special]}}
+"#;
+
+/// A busy backlog is not placed again round after round while every slot of its type stays
+/// taken; the fleet changing under it, or a slot freeing, is noticed at once. (`route` also
+/// checks every round against a router that remembers nothing.)
+#[test]
+fn a_busy_backlog_is_placed_again_only_when_a_slot_frees_or_the_fleet_changes() {
+    let mut special = worker("w2", &["echo"]);
+    special.tags = vec!["special".into()];
+    let mut s = Scenario::new(THREE_PARALLEL, vec![worker("w1", &["echo"]), special]);
+    let sent = s.route();
+    let on: BTreeMap<String, String> = sent.iter().map(|(w, stage, _, _)| (stage.clone(), w.clone())).collect();
+    assert_eq!(on.keys().collect::<Vec<_>>(), ["a", "b"], "{sent:?}");
+    let hinted = |s: &Scenario| -> Vec<String> { s.hints.iter().map(|h| h.task.stage.clone()).collect() };
+    assert_eq!(hinted(&s), ["c"]);
+    s.now += 1_000;
+    assert!(s.route().is_empty());
+    assert_eq!(hinted(&s), ["c"], "told once");
+
+    // The only worker with the tag leaves while the other is full: c has no capable worker now,
+    // which is stored (its grace clock starts), and the task it held is requeued.
+    let tagged = s.fleet.iter().position(|w| w.id == "w2").expect("w2");
+    s.fleet.remove(tagged);
+    s.now += 1_000;
+    s.route();
+    let c = s.state.task("wf-1-c").unwrap();
+    assert_eq!((c.status, c.unplaceable_since_ms.is_some()), (TaskStatus::Pending, true), "{:?}", s.kinds());
+    let held_by_w2 = if on["a"] == "w2" { "a" } else { "b" };
+    assert_eq!(s.state.task(&format!("wf-1-{held_by_w2}")).unwrap().attempt, 2, "requeued from the lost worker");
+
+    // w1's task ends: its slot goes to the requeued task at once.
+    let on_w1 = if held_by_w2 == "a" { "b" } else { "a" };
+    s.complete("w1", on_w1, 1, json!({"ok": true}));
+    s.now += 1_000;
+    let sent = s.route();
+    assert_eq!(
+        sent.iter().map(|(w, stage, attempt, _)| (w.as_str(), stage.as_str(), *attempt)).collect::<Vec<_>>(),
+        [("w1", held_by_w2, 2)]
+    );
 }
