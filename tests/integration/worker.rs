@@ -129,6 +129,79 @@ async fn a_worker_killed_after_finishing_but_before_reporting_reports_once_and_n
 }
 
 #[tokio::test]
+async fn a_worker_killed_in_the_middle_of_a_group_commit_loses_nothing_and_reruns_nothing_it_reported()
+-> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let (runs, gate) = (world.dir.path().join("runs"), world.dir.path().join("gate"));
+    std::fs::create_dir_all(&runs)?;
+    let results = world.dir.path().join("w1-results").display().to_string();
+    let env = [
+        ("WORKER_ID", "w1"),
+        ("RESULTS_DIR", results.as_str()),
+        ("HEARTBEAT_INTERVAL_SEC", "1"),
+        ("WORKER_TTL_SEC", "60"),
+        ("WORKER_ACK_WAIT_SEC", "2"),
+        ("WORKER_BATCH_SLOTS", "8"),
+    ];
+    world.process("w1", &["worker"], &[&env[..], &[("FLOWMESH_FAILPOINT", "mid-group-commit")]].concat())?;
+    let doc = |name: &str, wait: &str| {
+        format!(
+            "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: {name}}}\nspec:\n  taskType: python\n  \
+             command: 'echo run >> {}/{name}; {wait} echo done'\n",
+            runs.display()
+        )
+    };
+    // One task alone: its report is flushed on its own and stored before the batch.
+    let alone = world.submit(doc("alone", "").as_bytes(), None).await?;
+    world.wait_workflow_end(&alone).await?;
+    // Eight tasks held at a gate end together: their reports are written while a flush runs.
+    let wait = format!("while [ ! -e {} ]; do sleep 0.002; done;", gate.display());
+    let mut workflows = vec![alone];
+    for i in 0..8 {
+        workflows.push(world.submit(doc(&format!("t{i}"), &wait).as_bytes(), None).await?);
+    }
+    // Each workflow's one task writes its runs to a file named after the workflow.
+    let names: std::collections::HashMap<String, String> = workflows
+        .iter()
+        .enumerate()
+        .map(|(i, wf)| (wf.clone(), if i == 0 { "alone".to_owned() } else { format!("t{}", i - 1) }))
+        .collect();
+    let name = |e: &flowmesh_domain::Event| names.get(&e.body.scope().0).cloned().unwrap_or_default();
+    world
+        .wait_for("eight tasks running", |events| {
+            events.iter().filter(|e| matches!(e.body, EventBody::TaskStarted(_)) && name(e).starts_with('t')).count()
+                == 8
+        })
+        .await?;
+    std::fs::write(&gate, b"")?;
+    let status = world.wait_exit("w1").await?;
+    assert!(!status.success(), "the failpoint killed the worker: {status:?}\n{}", world.process_log("w1"));
+
+    let runs_of = |name: &str| std::fs::read_to_string(runs.join(name)).map(|s| s.lines().count()).unwrap_or(0);
+    let reported_before: Vec<String> = world.events().iter().filter(|e| e.body.is_task_terminal()).map(name).collect();
+    assert!(reported_before.contains(&"alone".to_owned()), "{reported_before:?}");
+    let runs_before: Vec<(String, usize)> = reported_before.iter().map(|s| (s.clone(), runs_of(s))).collect();
+
+    world.process("w1-again", &["worker"], &env)?;
+    for wf in &workflows {
+        let events = world.wait_workflow_end(wf).await?;
+        assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{wf}: {:?}", kinds(&events));
+    }
+    let events = world.events();
+    for task in names.values() {
+        let ends = events.iter().filter(|e| e.body.is_task_terminal() && name(e) == *task).count();
+        assert_eq!(ends, 1, "{task} has exactly one terminal event");
+        assert!((1..=2).contains(&runs_of(task)), "{task} ran {} times", runs_of(task));
+    }
+    for (task, before) in runs_before {
+        assert_eq!(runs_of(&task), before, "{task} was reported before the kill and never ran again");
+    }
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn sigterm_drains_in_flight_work_then_leaves_the_fleet() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.control_plane().await?;

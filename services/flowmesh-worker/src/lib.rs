@@ -440,12 +440,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
                 let _ = message.ack().await;
                 return;
             }
-            Some(Entry::Accepted) | None => {}
-        }
-        if let Err(e) = shared.journal.accept(&order.task_id, order.attempt).await {
-            warn!(error = %e, "journal write failed; handing the work back");
-            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(2)))).await;
-            return;
+            None => {}
         }
         let event = execute(shared, &order, &message).await;
         if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event).await {
@@ -465,7 +460,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
 
 /// Fault injection for crash tests: `FLOWMESH_FAILPOINT=<name>` makes the process die at once
 /// (SIGKILL to itself, no cleanup) when it reaches the named point.
-fn failpoint(name: &str) {
+pub(crate) fn failpoint(name: &str) {
     if std::env::var("FLOWMESH_FAILPOINT").is_ok_and(|v| v == name) {
         warn!(failpoint = name, "failpoint reached; killing this process");
         unsafe {
