@@ -421,12 +421,7 @@ async fn record(
 }
 
 pub fn workflow_ended(e: &Event, workflow_id: &str) -> bool {
-    match &e.body {
-        EventBody::WorkflowCompleted(w) | EventBody::WorkflowFailed(w) | EventBody::WorkflowCancelled(w) => {
-            w.workflow_id == workflow_id
-        }
-        _ => false,
-    }
+    e.body.ended_workflow() == Some(workflow_id)
 }
 
 /// Whether some task failed for `reason`.

@@ -19,6 +19,16 @@ async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
     // An echo completes before its start is due: no `task.started`, its completion says when.
     assert_eq!(order, ["submission.accepted", "task.dispatched", "task.completed"], "{:?}", kinds(&events));
     assert_eq!(events.last().map(|e| e.body.kind()), Some("workflow.completed"));
+    // That end is derived by the reader from the task's, not stored: besides the wait for the
+    // worker to join (task.pending), three messages on the log.
+    let log = world.handles.js.get_stream(flowmesh_nats::subjects::EVENTS_STREAM).await?;
+    let stored: Vec<(String, usize)> = futures_util::TryStreamExt::try_collect(
+        log.info_with_subjects(flowmesh_nats::subjects::workflow_events("wf-1")).await?,
+    )
+    .await?;
+    let stored: Vec<(String, usize)> = stored.into_iter().filter(|(s, _)| !s.ends_with(".task.pending")).collect();
+    assert_eq!(stored.iter().map(|(_, n)| n).sum::<usize>(), 3, "{stored:?}");
+    assert!(stored.iter().all(|(subject, _)| !subject.contains(".workflow.")), "{stored:?}");
 
     let task_id = match &events[0].body {
         EventBody::SubmissionAccepted(a) => {

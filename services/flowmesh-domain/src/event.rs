@@ -477,6 +477,16 @@ impl EventBody {
         matches!(self, EventBody::TaskStarted(_) | EventBody::TaskUpdated(_) | EventBody::TaskCompleted(_))
     }
 
+    /// The workflow this event ends, if it is a workflow's end (stored, or derived by a reader).
+    pub fn ended_workflow(&self) -> Option<&str> {
+        match self {
+            EventBody::WorkflowCompleted(e) | EventBody::WorkflowFailed(e) | EventBody::WorkflowCancelled(e) => {
+                Some(&e.workflow_id)
+            }
+            _ => None,
+        }
+    }
+
     /// Whether this is the end of a task attempt.
     pub fn is_task_terminal(&self) -> bool {
         matches!(

@@ -348,6 +348,9 @@ fn decide_workflow(
         let body = if wf.cancel_requested {
             EventBody::WorkflowCancelled(ended)
         } else if wf.tasks.iter().all(|t| matches!(t.status, TaskStatus::Completed | TaskStatus::Skipped)) {
+            // Left running by the fold only when a task completed through a merged execution
+            // (`State::apply_deriving` derives every other completion), or in a fold restored
+            // from a checkpoint written before that rule.
             EventBody::WorkflowCompleted(ended)
         } else {
             let failed: Vec<&str> = wf

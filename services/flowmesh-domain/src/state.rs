@@ -2,6 +2,11 @@
 //!
 //! `apply` is the only way state changes. It enforces the lifecycle: an event for a superseded
 //! attempt, a second terminal event, or a report for a task that already ended is ignored.
+//!
+//! One fact is derived, not read: a workflow whose every task completed or was skipped (none
+//! through a merged execution), with no cancel asked for, has completed at its last task's end. Nobody stores its `workflow.completed`
+//! (it would cost a message per workflow and say nothing the log does not); readers show it as if
+//! stored ([`State::apply_deriving`]).
 
 use crate::event::{Event, EventBody, TaskRef};
 use crate::problem::Problem;
@@ -191,6 +196,43 @@ impl State {
 
     /// Folds one event in.
     pub fn apply(&mut self, event: &Event) -> Applied {
+        self.apply_deriving(event).0
+    }
+
+    /// Folds one event in, and returns with what it did the `workflow.completed` it implies, if
+    /// it was the last task's end: an event nobody stores, for readers to show as if stored (at
+    /// that task's end's time, under the id a stored one would have).
+    pub fn apply_deriving(&mut self, event: &Event) -> (Applied, Option<Event>) {
+        let applied = self.apply_stored(event);
+        let derived = match &event.body {
+            EventBody::TaskCompleted(e) if applied == Applied::Changed => self.complete_if_done(&e.task.workflow_id),
+            EventBody::TaskSkipped(e) if applied == Applied::Changed => self.complete_if_done(&e.task.workflow_id),
+            _ => None,
+        };
+        let derived = derived.map(|ended| Event::new(EventBody::WorkflowCompleted(ended), event.time.clone(), 0));
+        (applied, derived)
+    }
+
+    /// Ends the workflow as completed when every task completed or was skipped, no cancel was
+    /// asked for, and no task took its result from a merged execution. The router stores the end
+    /// of any other workflow: failed, cancelled, or with a merged task, whose completion a fold
+    /// can only believe with the shared execution's workflow in view (a reader of one workflow's
+    /// subjects has not).
+    fn complete_if_done(&mut self, workflow_id: &str) -> Option<crate::event::WorkflowEnded> {
+        let wf = self.workflows.get_mut(workflow_id)?;
+        let done = wf
+            .tasks
+            .iter()
+            .all(|t| matches!(t.status, TaskStatus::Completed | TaskStatus::Skipped) && t.merged_into.is_none());
+        if wf.status != WorkflowStatus::Running || wf.cancel_requested || !done {
+            return None;
+        }
+        wf.status = WorkflowStatus::Completed;
+        self.running.remove(&wf.seq);
+        Some(crate::event::WorkflowEnded { workflow_id: workflow_id.to_owned(), reason: None })
+    }
+
+    fn apply_stored(&mut self, event: &Event) -> Applied {
         match &event.body {
             EventBody::SubmissionAccepted(e) => {
                 if self.workflows.contains_key(&e.workflow_id) {

@@ -202,6 +202,93 @@ spec:
 }
 
 #[test]
+fn a_workflow_whose_tasks_all_completed_ends_in_the_fold_and_nothing_stores_its_end() {
+    let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"])]);
+    s.route();
+    s.complete("w1", "up", 1, json!({"ok": true, "count": 2, "items": [{"output": "a"}, {"output": "b"}]}));
+    assert_eq!(s.workflow(), WorkflowStatus::Running);
+    s.route();
+    let last = Event::new(
+        EventBody::TaskCompleted(TaskCompleted {
+            task: s.tref("down", 1),
+            worker_id: "w1".into(),
+            result: Some(json!({"ok": true})),
+            result_object: None,
+            artifacts: Vec::new(),
+            upload_ms: None,
+            started_at: None,
+        }),
+        "2026-11-24T10:00:00.000Z".into(),
+        0,
+    );
+    let (applied, derived) = s.state.apply_deriving(&last);
+    assert_eq!(applied, Applied::Changed);
+    let derived = derived.expect("the last task's end implies the workflow's");
+    assert_eq!(
+        (derived.body.kind(), derived.id.as_str(), derived.time.as_str()),
+        ("workflow.completed", "wf-1.end", "2026-11-24T10:00:00.000Z")
+    );
+    assert_eq!(s.workflow(), WorkflowStatus::Completed);
+    assert!(s.route().is_empty());
+    assert!(!s.kinds().iter().any(|k| k.starts_with("workflow.")), "the router stores no end: {:?}", s.kinds());
+    // An end stored by an older router is a second end: ignored, as is a second derivation.
+    let stored = s.apply(derived.body.clone());
+    assert_eq!(stored, Applied::Ignored("workflow already ended"));
+    assert_eq!(s.state.apply_deriving(&last), (Applied::Ignored("task already ended"), None));
+}
+
+#[test]
+fn only_a_workflow_with_no_cancel_asked_and_every_task_completed_or_skipped_ends_by_itself() {
+    // (the last task's end, whether a cancel was asked first) → what the fold derives, and the
+    // end the router then stores.
+    let cases: [(&str, bool, Option<&str>, Option<&str>); 4] = [
+        ("completed", false, Some("workflow.completed"), None),
+        ("completed", true, None, Some("workflow.cancelled")),
+        ("skipped", false, Some("workflow.completed"), None),
+        ("failed", false, None, Some("workflow.failed")),
+    ];
+    for (end, cancel, derived_kind, stored_kind) in cases {
+        let doc = "apiVersion: flowmesh/v1\nkind: Echo\nmetadata: {name: one}\nspec: {taskType: echo, data: {type: list, items: [a]}}\n";
+        let mut s = Scenario::new(doc, vec![worker("w1", &["echo"])]);
+        let sent = s.route();
+        let stage = sent[0].1.clone();
+        if cancel {
+            s.apply(EventBody::TaskCancelRequested(flowmesh_domain::event::TaskCancelRequested {
+                workflow_id: "wf-1".into(),
+                task_id: None,
+                reason: "test".into(),
+            }));
+        }
+        let task = s.tref(&stage, 1);
+        let body = match end {
+            "completed" => EventBody::TaskCompleted(TaskCompleted {
+                task,
+                worker_id: "w1".into(),
+                result: Some(json!({"ok": true})),
+                result_object: None,
+                artifacts: Vec::new(),
+                upload_ms: None,
+                started_at: None,
+            }),
+            "skipped" => EventBody::TaskSkipped(flowmesh_domain::event::TaskSkipped { task, reason: "test".into() }),
+            _ => EventBody::TaskFailed(TaskFailed {
+                task,
+                worker_id: Some("w1".into()),
+                reason: FailureReason::ExecutorError,
+                message: "boom".into(),
+                retryable: false,
+            }),
+        };
+        let (_, derived) = s.state.apply_deriving(&Event::new(body, "t".into(), 0));
+        assert_eq!(derived.map(|e| e.body.kind()), derived_kind, "{end}, cancel asked: {cancel}");
+        s.route();
+        let stored: Vec<&str> = s.kinds().into_iter().filter(|k| k.starts_with("workflow.")).collect();
+        assert_eq!(stored, stored_kind.into_iter().collect::<Vec<_>>(), "{end}, cancel asked: {cancel}");
+        assert_ne!(s.workflow(), WorkflowStatus::Running, "{end}, cancel asked: {cancel}");
+    }
+}
+
+#[test]
 fn a_permanent_failure_cascades_and_fails_the_workflow() {
     let mut s = Scenario::new(TWO_ECHO_STAGES, vec![worker("w1", &["echo"])]);
     s.route();
@@ -457,6 +544,13 @@ fn an_identical_inference_request_is_merged_and_gets_the_result_as_its_own() {
     assert_eq!((b.result.clone(), b.worker_id.as_deref()), (Some(json!({"items": [{"output": "hi"}]})), Some("w1")));
     assert_eq!(sent.iter().map(|o| o.1.as_str()).collect::<Vec<_>>(), ["c"]);
     assert!(s.kinds().contains(&"task.merged"));
+    // A workflow with a task completed through a merge is not ended by the fold alone (a reader of
+    // its subjects cannot check that completion against the shared execution): the router stores it.
+    s.complete("w1", "c", 1, json!({"items": [{"output": "other"}]}));
+    assert_eq!(s.workflow(), WorkflowStatus::Running);
+    s.route();
+    assert_eq!(s.workflow(), WorkflowStatus::Completed);
+    assert_eq!(s.kinds().last(), Some(&"workflow.completed"));
 }
 
 #[test]

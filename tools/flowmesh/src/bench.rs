@@ -461,7 +461,6 @@ fn outcome(event: &Event) -> Option<(String, Outcome)> {
             let before_ms = started.zip(ended).map_or(0.0, |(s, e)| e.saturating_sub(s) as f64);
             (&e.task.workflow_id, Outcome::Started { before_ms })
         }
-        EventBody::WorkflowCompleted(e) => (&e.workflow_id, Outcome::Completed),
         EventBody::WorkflowFailed(e) => {
             (&e.workflow_id, Outcome::Failed(format!("failed: {}", e.reason.as_deref().unwrap_or("no reason given"))))
         }
@@ -476,6 +475,30 @@ fn outcome(event: &Event) -> Option<(String, Outcome)> {
         _ => return None,
     };
     Some((wf.clone(), what))
+}
+
+/// The workflow `event` completes, if it is its last task's completion: nobody stores that
+/// `workflow.completed` (readers derive it with the fold, `State::apply_deriving`). The bench
+/// counts instead of folding, so that its follower holds a number per workflow in flight, not a
+/// second copy of the router's state; its own workflows are never cancelled, and the stream keeps
+/// one end per task attempt.
+fn completes(event: &Event, unfinished: &mut HashMap<String, usize>) -> Option<String> {
+    let workflow_id = match &event.body {
+        EventBody::SubmissionAccepted(e) => {
+            unfinished.insert(e.workflow_id.clone(), e.task_ids.len());
+            return None;
+        }
+        EventBody::TaskCompleted(e) => &e.task.workflow_id,
+        EventBody::TaskSkipped(e) => &e.task.workflow_id,
+        _ => return None,
+    };
+    let left = unfinished.get_mut(workflow_id)?;
+    *left = left.saturating_sub(1);
+    if *left > 0 {
+        return None;
+    }
+    unfinished.remove(workflow_id);
+    Some(workflow_id.clone())
 }
 
 /// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
@@ -497,16 +520,18 @@ async fn follow_outcomes(
     let mut messages = consumer.messages().await?;
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let task = tokio::spawn(async move {
+        let mut unfinished = HashMap::new();
         while let Some(message) = messages.next().await {
             let at = Instant::now();
             // An ordered consumer recreates itself after a reconnect; an error here is a pause.
             let Ok(message) = message else { continue };
             let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
             let Ok(event) = Event::read(suffix, &message.payload) else { continue };
-            if let Some((workflow_id, what)) = outcome(&event)
-                && tx.send(Seen { workflow_id, what, at }).await.is_err()
-            {
-                return;
+            let completed = completes(&event, &mut unfinished).map(|workflow_id| (workflow_id, Outcome::Completed));
+            for (workflow_id, what) in outcome(&event).into_iter().chain(completed) {
+                if tx.send(Seen { workflow_id, what, at }).await.is_err() {
+                    return;
+                }
             }
         }
     });

@@ -4,6 +4,10 @@
 //! A message that is not an event its subject's author may write ([`Event::read`]) never stops
 //! a reader: it is skipped, counted (`flowmesh_events_unreadable_total`) and, by `events`,
 //! shown with its stream sequence and subject.
+//!
+//! Readers show derived facts as if stored: [`entries`] folds what it reads and puts the
+//! `workflow.completed` that nobody stores (a workflow whose every task completed) right after
+//! the last task's end (`State::apply_deriving`). Folds ([`fold`]) derive it themselves.
 
 use async_nats::jetstream::{self, consumer};
 use flowmesh_domain::Event;
@@ -31,21 +35,45 @@ pub async fn events(
     filter: String,
     follow: bool,
 ) -> anyhow::Result<impl Stream<Item = anyhow::Result<Event>>> {
-    Ok(entries(js, filter, follow).await?.filter_map(|read| async move {
-        match read {
-            Ok(Read::Event(event)) => Some(Ok(*event)),
-            Ok(Read::Skipped(s)) => {
-                tracing::warn!(seq = s.seq, subject = %s.subject, reason = %s.reason, "unreadable event skipped");
-                None
-            }
-            Err(e) => Some(Err(e)),
-        }
-    }))
+    Ok(entries(js, filter, follow).await?.filter_map(|read| futures_util::future::ready(readable(read))))
 }
 
-/// Messages matching `filter` (`flowmesh.events.>` for all), oldest first. Without `follow`, the
+/// The event read, or `None` (with a warning) for a message that is not one.
+fn readable(read: anyhow::Result<Read>) -> Option<anyhow::Result<Event>> {
+    match read {
+        Ok(Read::Event(event)) => Some(Ok(*event)),
+        Ok(Read::Skipped(s)) => {
+            tracing::warn!(seq = s.seq, subject = %s.subject, reason = %s.reason, "unreadable event skipped");
+            None
+        }
+        Err(e) => Some(Err(e)),
+    }
+}
+
+/// Messages matching `filter` (`flowmesh.events.>` for all), oldest first, each derived
+/// `workflow.completed` after the task's end that implies it (only where `filter` takes in the
+/// workflow's `submission.accepted`, which says what its tasks are). Without `follow`, the
 /// stream ends at the last message present when it was opened.
 pub async fn entries(
+    js: &jetstream::Context,
+    filter: String,
+    follow: bool,
+) -> anyhow::Result<impl Stream<Item = anyhow::Result<Read>>> {
+    let stored = stored(js, filter, follow).await?;
+    Ok(stored
+        .scan(flowmesh_domain::state::State::default(), |state, read| {
+            let derived = match &read {
+                Ok(Read::Event(event)) => state.apply_deriving(event).1,
+                _ => None,
+            };
+            let reads = std::iter::once(read).chain(derived.map(|event| Ok(Read::Event(Box::new(event)))));
+            futures_util::future::ready(Some(futures_util::stream::iter(reads)))
+        })
+        .flatten())
+}
+
+/// The stored messages matching `filter`, oldest first (what [`entries`] reads).
+async fn stored(
     js: &jetstream::Context,
     filter: String,
     follow: bool,
@@ -100,10 +128,12 @@ pub async fn entries(
 /// The fold over every event matching `filter`, up to now.
 pub async fn fold(js: &jetstream::Context, filter: String) -> anyhow::Result<flowmesh_domain::state::State> {
     let mut state = flowmesh_domain::state::State::default();
-    let stream = events(js, filter, false).await?;
+    let stream = stored(js, filter, false).await?;
     futures_util::pin_mut!(stream);
-    while let Some(event) = stream.next().await {
-        state.apply(&event?);
+    while let Some(read) = stream.next().await {
+        if let Some(event) = readable(read) {
+            state.apply(&event?);
+        }
     }
     Ok(state)
 }

@@ -83,7 +83,11 @@ pub async fn follow(
         if state.rejected.contains_key(workflow_id) {
             return Ok((End::Rejected, state));
         }
-        if let Some(wf) = state.workflows.get(workflow_id) {
+        // Stop at the workflow's end as the log shows it (stored, or derived right after its last
+        // task's end), so that `on_event` sees that line too.
+        if event.body.ended_workflow() == Some(workflow_id)
+            && let Some(wf) = state.workflows.get(workflow_id)
+        {
             let end = match wf.status {
                 WorkflowStatus::Running => continue,
                 WorkflowStatus::Completed => End::Completed,

@@ -232,8 +232,10 @@ async fn follow(
             }
             event = events.next() => {
                 let Some(event) = event else { return Ok(ExitCode::SUCCESS) };
-                state.apply(&event?);
-                if let Some(wf) = state.workflows.get(workflow_id)
+                let event = event?;
+                state.apply(&event);
+                if event.body.ended_workflow() == Some(workflow_id)
+                    && let Some(wf) = state.workflows.get(workflow_id)
                     && wf.status != WorkflowStatus::Running
                 {
                     eprintln!("[{workflow_id} {}]", wf.status.as_str());
