@@ -176,6 +176,12 @@ pub struct State {
     /// Submission sequence → id of every workflow still running: what the router works on, in the
     /// order submissions came, without walking the whole history on every event.
     running: BTreeMap<u64, String>,
+    /// Workflows that ended and are not yet forgotten ([`State::forget_ended`]).
+    #[serde(default)]
+    ended: Vec<String>,
+    /// The ids of the workflows `forget_ended` dropped: a second verdict for one is still ignored.
+    #[serde(default)]
+    forgotten: BTreeSet<String>,
 }
 
 impl State {
@@ -229,13 +235,14 @@ impl State {
         }
         wf.status = WorkflowStatus::Completed;
         self.running.remove(&wf.seq);
+        self.ended.push(workflow_id.to_owned());
         Some(crate::event::WorkflowEnded { workflow_id: workflow_id.to_owned(), reason: None })
     }
 
     fn apply_stored(&mut self, event: &Event) -> Applied {
         match &event.body {
             EventBody::SubmissionAccepted(e) => {
-                if self.workflows.contains_key(&e.workflow_id) {
+                if self.workflows.contains_key(&e.workflow_id) || self.forgotten.contains(&e.workflow_id) {
                     return Applied::Ignored("workflow already accepted");
                 }
                 self.insert_workflow(&e.workflow, e.submission.seq, &event.time);
@@ -495,7 +502,44 @@ impl State {
         wf.status = status;
         wf.reason = e.reason.clone();
         self.running.remove(&wf.seq);
+        self.ended.push(e.workflow_id.clone());
         Applied::Changed
+    }
+
+    /// Drops the workflows that ended since the last call, keeping only their ids: a second
+    /// verdict for one is still ignored, and a late report about one of its tasks is ignored as
+    /// about an unknown task, as it was about an ended one. A long-running router so holds what
+    /// runs, not its whole history (the views read the log). A workflow whose task is the shared
+    /// execution of a merged task still waiting for its result stays until a later call. Returns
+    /// how many were dropped.
+    pub fn forget_ended(&mut self) -> usize {
+        if self.ended.is_empty() {
+            return 0;
+        }
+        let sharing: BTreeSet<String> = self
+            .running_workflows()
+            .flat_map(|wf| wf.tasks.iter())
+            .filter(|t| t.status == TaskStatus::Merged)
+            .filter_map(|t| self.task_index.get(t.merged_into.as_deref()?))
+            .map(|(wf, _)| wf.clone())
+            .collect();
+        let (keep, drop): (Vec<String>, Vec<String>) =
+            std::mem::take(&mut self.ended).into_iter().partition(|id| sharing.contains(id));
+        self.ended = keep;
+        for id in &drop {
+            if let Some(wf) = self.workflows.remove(id) {
+                for t in &wf.tasks {
+                    self.task_index.remove(&t.def.task_id);
+                }
+            }
+            self.forgotten.insert(id.clone());
+        }
+        drop.len()
+    }
+
+    /// Every workflow accepted so far, held or forgotten.
+    pub fn accepted_workflows(&self) -> usize {
+        self.workflows.len() + self.forgotten.len()
     }
 }
 

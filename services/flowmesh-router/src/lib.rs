@@ -198,6 +198,8 @@ pub async fn run(
             _ = tick.tick() => {
                 let connected = router.client.connection_state() == async_nats::connection::State::Connected;
                 router.note_contact(connected);
+                // What ended is dropped from the fold: the router holds what runs, not history.
+                router.state.forget_ended();
                 status.set(router.status());
                 router.resend_cancels().await;
                 if let Some(c) = checkpoint.as_mut()
@@ -297,7 +299,7 @@ impl Router {
             "leader": self.leader,
             "caught_up": self.caught_up(),
             "last_seq": self.state.last_seq,
-            "workflows": self.state.workflows.len(),
+            "workflows": self.state.accepted_workflows(),
             "running_workflows": running,
             "live_workers": live,
             "unreadable_events": self.unreadable,
