@@ -70,6 +70,9 @@ enum Action {
     ReadWorkOrder,
     ReadLogMessage,
     FollowLog,
+    TakeOwnDispatches,
+    TakeOthersDispatches,
+    NameConsumerOnLog,
     StoreArtifact,
     CreateOwnStore,
     StoreInOwnStore,
@@ -113,6 +116,11 @@ const MATRIX: &[(Action, &[&str])] = &[
     (ReadWorkOrder, &["worker", "router", "admin"]),
     (ReadLogMessage, &["submitter", "alice", "worker", "worker-own", "validator", "router", "admin"]),
     (FollowLog, &["submitter", "alice", "worker", "worker-own", "router", "admin"]),
+    // A worker's queue is a named consumer on the log's dispatches to it: nobody else may make
+    // or reconfigure it, and named consumers on the log are not for readers.
+    (TakeOwnDispatches, &["worker", "worker-own", "router", "admin"]),
+    (TakeOthersDispatches, &["worker", "router", "admin"]),
+    (NameConsumerOnLog, &["router", "admin"]),
     // A per-worker user stores files only in its own store (`flowmesh_artifacts_own`); the shared
     // worker user, one identity for all workers, only in the shared one.
     (StoreArtifact, &["worker", "admin"]),
@@ -168,7 +176,7 @@ impl Action {
         match self {
             Submit => "flowmesh.submit",
             WriteVerdict => "submission.accepted",
-            WriteDispatch => "task.dispatched",
+            WriteDispatch => "task.dispatched.own",
             WriteRequeue => "task.requeued",
             EndWorkflow => "workflow.completed",
             ReportAsOwn => "task.completed.own",
@@ -185,6 +193,9 @@ impl Action {
             ReadWorkOrder => "FLOWMESH_WORK",
             ReadLogMessage => "FLOWMESH_EVENTS",
             FollowLog => "CONSUMER.CREATE.FLOWMESH_EVENTS",
+            TakeOwnDispatches => "CONSUMER.CREATE.FLOWMESH_EVENTS.worker-own.",
+            TakeOthersDispatches => "CONSUMER.CREATE.FLOWMESH_EVENTS.worker-other.",
+            NameConsumerOnLog => "CONSUMER.CREATE.FLOWMESH_EVENTS.spy.",
             StoreArtifact => "$O.flowmesh_artifacts.",
             CreateOwnStore => "STREAM.CREATE.OBJ_flowmesh_artifacts_own",
             StoreInOwnStore => "$O.flowmesh_artifacts_own",
@@ -211,7 +222,7 @@ impl Action {
         match self {
             Submit => store(&me.js, subjects::SUBMIT.to_owned(), b"apiVersion: flowmesh/v1").await,
             WriteVerdict => store(&me.js, event("_.submission.accepted"), b"{}").await,
-            WriteDispatch => store(&me.js, event("wf-1-main.task.dispatched"), b"{}").await,
+            WriteDispatch => store(&me.js, event("wf-1-main.task.dispatched.own"), b"{}").await,
             WriteRequeue => store(&me.js, event("wf-1-main.task.requeued"), b"{}").await,
             EndWorkflow => store(&me.js, event("_.workflow.completed"), b"{}").await,
             ReportAsOwn => store(&me.js, event("wf-1-main.task.completed.own"), b"{}").await,
@@ -239,6 +250,9 @@ impl Action {
             ReadWorkOrder => read(&me.js, subjects::WORK_STREAM, seeds.work_order).await,
             ReadLogMessage => read(&me.js, subjects::EVENTS_STREAM, 1).await,
             FollowLog => follow(&me.js).await,
+            TakeOwnDispatches => dispatch_queue(&me.js, "worker-own", subjects::dispatches("own")).await,
+            TakeOthersDispatches => dispatch_queue(&me.js, "worker-other", subjects::dispatches("other")).await,
+            NameConsumerOnLog => dispatch_queue(&me.js, "spy", subjects::all_events()).await,
             StoreArtifact => put_object(&me.js, subjects::ARTIFACTS_BUCKET, user).await,
             // As a worker makes its store at start (another allowed user may have made it first:
             // creating one of the same settings again succeeds).
@@ -337,6 +351,24 @@ async fn follow(js: &jetstream::Context) -> Result<(), String> {
         Ok(Some(Ok(_))) => Ok(()),
         other => Err(format!("no message: {other:?}")),
     }
+}
+
+/// Creates (or updates to the same settings) the durable push consumer `name` on the log, as a
+/// worker makes its dispatch queue. Every user asks for the same settings per name, so cells
+/// that run at once agree.
+async fn dispatch_queue(js: &jetstream::Context, name: &str, filter: String) -> Result<(), String> {
+    let stream = js.get_stream_no_info(subjects::EVENTS_STREAM).await.map_err(text)?;
+    stream
+        .create_consumer(consumer::push::Config {
+            durable_name: Some(name.to_owned()),
+            deliver_subject: subjects::dispatch_inbox(&subjects::inbox_prefix(name), name),
+            filter_subject: filter,
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+        .map_err(text)
 }
 
 /// Subscribes to `filter` and waits for a probe the admin publishes on `probe`.

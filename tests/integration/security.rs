@@ -88,6 +88,10 @@ async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
     let worker_js = client(&world, "worker").await?;
     assert!(refused(&worker_js, "flowmesh.submit").await, "a worker submits");
     assert!(refused(&worker_js, "flowmesh.events.wf-9.wf-9-main.task.dispatched").await, "a worker dispatches");
+    assert!(
+        refused(&worker_js, "flowmesh.events.wf-9.wf-9-main.task.dispatched.sw").await,
+        "a worker dispatches to itself"
+    );
     assert!(refused(&worker_js, "flowmesh.events.wf-9._.workflow.completed").await, "a worker ends a workflow");
     assert!(worker_js.delete_stream("FLOWMESH_EVENTS").await.is_err(), "a worker deletes the log");
     assert!(client(&world, "worker").await.is_ok());
@@ -153,6 +157,19 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
     assert!(take("worker-own", "flowmesh.work.other").await.is_err(), "its consumer reads another's subject");
     assert!(take("sneaky", "flowmesh.work.>").await.is_err(), "it reads every worker's work");
     assert!(work.get_raw_message(1).await.is_err(), "it reads a work order from the stream");
+    let log = own.get_stream("FLOWMESH_EVENTS").await?;
+    let queue = |name: &str, filter: String| {
+        log.create_consumer(async_nats::jetstream::consumer::push::Config {
+            durable_name: Some(name.to_owned()),
+            deliver_subject: flowmesh_nats::subjects::dispatch_inbox("_INBOX_worker-own", "own"),
+            filter_subject: filter,
+            ..Default::default()
+        })
+    };
+    let dispatches = flowmesh_nats::subjects::dispatches;
+    assert!(queue("worker-other", dispatches("other")).await.is_err(), "it takes another's dispatches");
+    assert!(queue("worker-own", dispatches("other")).await.is_err(), "its queue reads another's dispatches");
+    assert!(queue("sneaky", dispatches("*")).await.is_err(), "it takes every worker's dispatches");
     let workers = own.get_key_value("flowmesh_workers").await?;
     assert!(workers.put("other", "{}".into()).await.is_err(), "it writes another's snapshot");
     assert!(workers.get("own").await?.is_some(), "it reads the fleet");

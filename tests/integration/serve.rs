@@ -44,6 +44,14 @@ command = ["/bin/sh", "-c", "if grep -q '{KEY}' \"$FLOWMESH_TASK_FILE\"; then k=
     let log = serde_json::to_string(&world.events())?;
     assert!(!log.contains(KEY), "no event holds the key");
     assert!(log.contains(flowmesh_domain::secret::REDACTED), "the accepted workflow holds the placeholder");
+    // Its dispatch carries no order: the order, with the key, went to the worker's work subject.
+    let dispatch = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskDispatched(d) => Some(d.clone()),
+        _ => None,
+    });
+    assert!(dispatch.is_some_and(|d| d.order.is_none()), "{:?}", tests::kinds(&events));
+    let work = world.handles.js.get_stream(flowmesh_nats::subjects::WORK_STREAM).await?.info().await?.state.clone();
+    assert_eq!(work.last_sequence, 1, "{work:?}");
     let out = world.cli(&["task", "info", &format!("{wf}-main")]).await?;
     assert!(out.status.success() && !String::from_utf8_lossy(&out.stdout).contains(KEY), "{}", output_text(&out));
 

@@ -29,6 +29,16 @@ async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
     let stored: Vec<(String, usize)> = stored.into_iter().filter(|(s, _)| !s.ends_with(".task.pending")).collect();
     assert_eq!(stored.iter().map(|(_, n)| n).sum::<usize>(), 3, "{stored:?}");
     assert!(stored.iter().all(|(subject, _)| !subject.contains(".workflow.")), "{stored:?}");
+    // The dispatch is the work order: on its worker's subject, carrying the order, and the work
+    // stream (orders that hold a secret) took nothing.
+    assert!(stored.iter().any(|(subject, _)| subject.ends_with(".task.dispatched.w1")), "{stored:?}");
+    let order = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskDispatched(d) => d.order.clone(),
+        _ => None,
+    });
+    assert_eq!(order.map(|o| (o.task_type, o.attempt)), Some(("echo".to_owned(), 1)));
+    let work = world.handles.js.get_stream(flowmesh_nats::subjects::WORK_STREAM).await?.info().await?.state.clone();
+    assert_eq!(work.last_sequence, 0, "{work:?}");
 
     let task_id = match &events[0].body {
         EventBody::SubmissionAccepted(a) => {

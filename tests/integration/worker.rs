@@ -103,18 +103,12 @@ async fn a_worker_killed_after_finishing_but_before_reporting_reports_once_and_n
     world.process("w1-again", &["worker"], &second.iter().map(|(k, v)| (*k, v.as_str())).collect::<Vec<_>>())?;
     let events = world.wait_workflow_end(&wf).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
-    // The old work order is redelivered once its ack wait passes; the journal answers it.
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer = world
-        .handles
-        .js
-        .get_stream("FLOWMESH_WORK")
-        .await?
-        .get_consumer("worker-w1")
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The old dispatch (its order inside) is redelivered once its ack wait passes; the journal
+    // answers it.
+    let log = world.handles.js.get_stream("FLOWMESH_EVENTS").await?;
     let deadline = tokio::time::Instant::now() + tests::DEADLINE;
     loop {
-        let info = consumer.info().await?;
+        let info = log.consumer_info("worker-w1").await?;
         if info.num_ack_pending == 0 && info.num_pending == 0 {
             break;
         }
@@ -358,19 +352,21 @@ async fn a_worker_draining_during_a_nats_outage_stops_within_its_grace() -> anyh
 #[tokio::test]
 async fn a_worker_restarted_with_other_slots_gets_them() -> anyhow::Result<()> {
     let mut world = World::start().await?;
-    // Polls the consumer `worker-w1` until its (max_ack_pending, ack_wait) are `want`.
+    // Polls both consumers `worker-w1` (dispatches in the log, orders with secrets) until their
+    // (max_ack_pending, ack_wait) are `want`.
     let wait_limits = async |world: &World, want: (i64, u64), log: &str| -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-        let stream = world.handles.js.get_stream("FLOWMESH_WORK").await?;
+        let log_stream = world.handles.js.get_stream("FLOWMESH_EVENTS").await?;
+        let work_stream = world.handles.js.get_stream("FLOWMESH_WORK").await?;
         loop {
-            let found = match stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>("worker-w1").await {
-                Ok(mut consumer) => {
-                    let config = &consumer.info().await?.config;
-                    Some((config.max_ack_pending, config.ack_wait.as_secs()))
-                }
-                Err(_) => None,
-            };
-            if found == Some(want) {
+            let mut found = Vec::new();
+            for stream in [&log_stream, &work_stream] {
+                found.push(match stream.consumer_info("worker-w1").await {
+                    Ok(info) => Some((info.config.max_ack_pending, info.config.ack_wait.as_secs())),
+                    Err(_) => None,
+                });
+            }
+            if found.iter().all(|f| *f == Some(want)) {
                 return Ok(());
             }
             anyhow::ensure!(tokio::time::Instant::now() < deadline, "consumer limits {found:?}, want {want:?}\n{log}");

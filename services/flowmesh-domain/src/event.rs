@@ -89,6 +89,12 @@ pub struct TaskDispatched {
     pub worker_id: String,
     pub task_type: String,
     pub message: String,
+    /// The work order itself, for a task with no secret: the worker consumes this event from
+    /// its dispatch subject, and no separate order is stored. `None` when the order travels on
+    /// the worker's `FLOWMESH_WORK` subject (it holds a secret, which the log never does), and
+    /// in dispatches stored before orders travelled in the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Box<crate::work::WorkOrder>>,
 }
 
 /// The router coalesced an identical inference request into one already queued or running:
@@ -510,6 +516,19 @@ pub enum Author<'a> {
     Worker(&'a str),
 }
 
+impl<'a> Author<'a> {
+    /// The author a subject below `flowmesh.events.` names: a fifth token is the reporting
+    /// worker, except after `task.dispatched`, where it is the worker the router sent it to.
+    pub fn of(subject_suffix: &'a str) -> Author<'a> {
+        let tokens: Vec<&str> = subject_suffix.splitn(5, '.').collect();
+        match tokens.as_slice() {
+            [_, _, "task", "dispatched", _] => Author::Service,
+            [_, _, _, _, worker] => Author::Worker(worker),
+            _ => Author::Service,
+        }
+    }
+}
+
 /// The largest event a reader takes: the streams' `max_msg_size`.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -533,12 +552,16 @@ impl Event {
     }
 
     /// The subject below `flowmesh.events.` of this event written by `author`:
-    /// `<workflow>.<task>.<noun>.<verb>`, with `.<worker_id>` appended for a worker's report.
+    /// `<workflow>.<task>.<noun>.<verb>`, with `.<worker_id>` appended for a worker's report and
+    /// for a dispatch (there it names the worker the order is for, which consumes that subject).
     pub fn subject_suffix(&self, author: Author<'_>) -> String {
         let (workflow, task) = self.body.scope();
-        match author {
-            Author::Service => format!("{workflow}.{task}.{}", self.body.kind()),
-            Author::Worker(worker) => format!("{workflow}.{task}.{}.{worker}", self.body.kind()),
+        match (author, &self.body) {
+            (Author::Service, EventBody::TaskDispatched(d)) => {
+                format!("{workflow}.{task}.{}.{}", self.body.kind(), d.worker_id)
+            }
+            (Author::Service, _) => format!("{workflow}.{task}.{}", self.body.kind()),
+            (Author::Worker(worker), _) => format!("{workflow}.{task}.{}.{worker}", self.body.kind()),
         }
     }
 
@@ -556,10 +579,7 @@ impl Event {
             message.truncate(200);
             Unreadable::NotAnEvent(message)
         })?;
-        let author = match subject_suffix.splitn(5, '.').nth(4) {
-            Some(worker) => Author::Worker(worker),
-            None => Author::Service,
-        };
+        let author = Author::of(subject_suffix);
         let kind = event.body.kind();
         let allowed = match author {
             Author::Service => !event.body.is_worker_report_only(),
@@ -573,7 +593,10 @@ impl Event {
             return Err(Unreadable::WrongAuthor { kind, author });
         }
         let expected = event.subject_suffix(author);
-        if expected != subject_suffix {
+        // A dispatch stored before dispatches named their worker in the subject.
+        let legacy_dispatch = matches!(event.body, EventBody::TaskDispatched(_))
+            && expected.rsplit_once('.').is_some_and(|(without_worker, _)| without_worker == subject_suffix);
+        if expected != subject_suffix && !legacy_dispatch {
             return Err(Unreadable::SubjectMismatch { expected, found: subject_suffix.to_owned() });
         }
         Ok(event)

@@ -494,7 +494,8 @@ fn decide_waiting(
             let message = explanation.map(|e| e.message).unwrap_or_else(|| {
                 format!("{} placed on {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)
             });
-            let event = TaskDispatched { task: tref(), worker_id, task_type: t.def.task_type.clone(), message };
+            let event =
+                TaskDispatched { task: tref(), worker_id, task_type: t.def.task_type.clone(), message, order: None };
             Some(Action::Dispatch { event, order })
         }
         Placement::Pending(explanation) => {

@@ -1,5 +1,6 @@
-//! The work order the router sends a worker on `flowmesh.work.<worker_id>`, and the report the
-//! worker sends back when the run ends (`report`: an outcome in, the event out).
+//! The work order the router sends a worker (inside its `task.dispatched`, or on
+//! `flowmesh.work.<worker_id>` when it holds a secret), and the report the worker sends back when
+//! the run ends (`report`: an outcome in, the event out).
 
 use crate::EventBody;
 use crate::event::{Artifact, FailureReason, TaskCancelled, TaskCompleted, TaskFailed, TaskRef};
@@ -31,6 +32,29 @@ impl WorkOrder {
     /// The `Nats-Msg-Id` of this order: one per task attempt.
     pub fn msg_id(&self) -> String {
         format!("{}.{}.work", self.task_id, self.attempt)
+    }
+
+    /// Whether the order holds a secret placeholder the router must fill: such an order never
+    /// goes into the log, it travels on the worker's work subject.
+    pub fn needs_secrets(&self) -> bool {
+        crate::secret::is_redacted(&self.spec)
+    }
+}
+
+/// What a worker takes from a message of its work queue: `subject_suffix` is the part below
+/// `flowmesh.events.` of a dispatch (its order inside, or `None`: the order holds a secret and
+/// comes on the work subject), or `None` for an order from `flowmesh.work.<worker>`. A dispatch
+/// is believed only as [`Event::read`](crate::event::Event::read) reads it, and only when it is
+/// for `worker_id`.
+pub fn take(worker_id: &str, subject_suffix: Option<&str>, payload: &[u8]) -> Result<Option<WorkOrder>, String> {
+    let Some(suffix) = subject_suffix else {
+        return serde_json::from_slice(payload).map(Some).map_err(|e| format!("not a work order: {e}"));
+    };
+    let event = crate::event::Event::read(suffix, payload).map_err(|e| format!("unreadable dispatch: {e}"))?;
+    match event.body {
+        EventBody::TaskDispatched(d) if d.worker_id == worker_id => Ok(d.order.map(|order| *order)),
+        EventBody::TaskDispatched(d) => Err(format!("a dispatch for worker {}, not {worker_id}", d.worker_id)),
+        other => Err(format!("a {} event, not a dispatch", other.kind())),
     }
 }
 

@@ -45,6 +45,7 @@ fn dispatched() -> Event {
         worker_id: "w1".into(),
         task_type: "echo".into(),
         message: "m".into(),
+        order: None,
     });
     Event::new(body, "t".into(), 0)
 }
@@ -102,16 +103,22 @@ fn a_body_is_believed_only_where_its_subject_agrees() {
             Err("wrong author"),
         ),
         (
-            "a dispatch from a service",
+            "a dispatch on its worker's subject",
+            "wf-1.wf-1-main.task.dispatched.w1".into(),
+            json(&dispatched()),
+            Ok("task.dispatched"),
+        ),
+        (
+            "a dispatch stored before dispatches named their worker",
             "wf-1.wf-1-main.task.dispatched".into(),
             json(&dispatched()),
             Ok("task.dispatched"),
         ),
         (
-            "a dispatch under a worker's name",
-            "wf-1.wf-1-main.task.dispatched.w1".into(),
+            "a dispatch on another worker's subject",
+            "wf-1.wf-1-main.task.dispatched.w2".into(),
             json(&dispatched()),
-            Err("wrong author"),
+            Err("subject mismatch"),
         ),
         (
             "an acceptance body on a task subject",

@@ -51,6 +51,7 @@ impl Log {
                 worker_id: worker.into(),
                 task_type: "echo".into(),
                 message: String::new(),
+                order: None,
             }),
         );
         self.push(times[1], EventBody::TaskStarted(TaskStarted { task: task.clone(), worker_id: worker.into() }));
@@ -131,6 +132,7 @@ fn a_retried_attempt_counts_its_failed_run_and_its_second_queue() {
             worker_id: "w1".into(),
             task_type: "echo".into(),
             message: String::new(),
+            order: None,
         }),
     )
     .push(200, EventBody::TaskStarted(TaskStarted { task: Log::task("a", 1), worker_id: "w1".into() }))
@@ -178,6 +180,7 @@ fn a_task_that_completed_before_its_start_was_due_runs_from_its_started_at() {
                 worker_id: "w1".into(),
                 task_type: "echo".into(),
                 message: String::new(),
+                order: None,
             }),
         )
         .push(
@@ -212,6 +215,7 @@ fn a_running_workflow_is_traced_up_to_its_last_event() {
             worker_id: "w1".into(),
             task_type: "echo".into(),
             message: String::new(),
+            order: None,
         }),
     )
     .push(400, EventBody::TaskStarted(TaskStarted { task: Log::task("a", 1), worker_id: "w1".into() }));

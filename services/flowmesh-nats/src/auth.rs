@@ -148,6 +148,19 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
         (format!("$JS.API.STREAM.MSG.GET.{work}"), vec![]),
         (format!("$JS.API.DIRECT.GET.{work}"), vec![]),
         (format!("$JS.API.DIRECT.GET.{work}.>"), vec![]),
+        // Its dispatches in the log: one consumer, its own name and subject, acks only there.
+        (
+            format!("$JS.API.CONSUMER.CREATE.{}.*.{}", subjects::EVENTS_STREAM, subjects::dispatches("*")),
+            vec![format!(
+                "$JS.API.CONSUMER.CREATE.{}.{consumer}.{}",
+                subjects::EVENTS_STREAM,
+                subjects::dispatches(id)
+            )],
+        ),
+        (
+            format!("$JS.ACK.{}.>", subjects::EVENTS_STREAM),
+            vec![format!("$JS.ACK.{}.{consumer}.>", subjects::EVENTS_STREAM)],
+        ),
         (subjects::inbox("worker"), vec![subjects::inbox(&worker_user(id))]),
         // Its files only in its own store, which it creates (and may purge: an object stored
         // again leaves old chunks behind); no write to the shared store or another worker's.

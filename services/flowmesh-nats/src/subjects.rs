@@ -104,11 +104,26 @@ pub fn task_events(task_id: &str) -> String {
     format!("{EVENTS_PREFIX}.*.{task_id}.>")
 }
 
+/// Every dispatch sent to `worker` (`*`: to any worker):
+/// `flowmesh.events.*.*.task.dispatched.<worker>`. A dispatch of a task with no secret carries
+/// its work order, and the worker consumes this subject as its work queue.
+pub fn dispatches(worker: &str) -> String {
+    format!("{EVENTS_PREFIX}.*.*.task.dispatched.{worker}")
+}
+
+/// Where a worker's dispatch consumer pushes: `<inbox_prefix>.dispatches.<worker>`, under the
+/// reply prefix only that worker's user may subscribe to.
+pub fn dispatch_inbox(inbox_prefix: &str, worker: &str) -> String {
+    format!("{inbox_prefix}.dispatches.{worker}")
+}
+
+/// The work orders that hold a secret, sent to one worker: `flowmesh.work.<worker_id>`.
 pub fn work(worker_id: &str) -> String {
     format!("{WORK_PREFIX}.{worker_id}")
 }
 
-/// The durable consumer of one worker on its work subject.
+/// The durable consumer of one worker on its work subject, and (same name, other stream) on its
+/// dispatch subject.
 pub fn work_consumer(worker_id: &str) -> String {
     format!("worker-{worker_id}")
 }

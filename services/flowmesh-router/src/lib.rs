@@ -445,9 +445,10 @@ impl Router {
         let deciding = std::time::Instant::now();
         let actions = schedule::decide_with(&self.state, &live, now, &self.config.schedule, &mut self.requests);
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
-        // A round's events first, all in flight at once; its work orders only once every
-        // `task.dispatched` is stored, so no worker runs a task the log does not show as
-        // dispatched (a crash in between is completed by `resend_dispatched`).
+        // A round's events first, all in flight at once. A dispatch carries its task's work
+        // order, so the worker runs nothing the log does not show; an order that holds a secret
+        // (kept out of the log) is sent on the worker's work subject only once every
+        // `task.dispatched` is stored (a crash in between is completed by `resend_dispatched`).
         let mut bodies = Vec::with_capacity(actions.len());
         let mut orders = Vec::new();
         let mut hints = Vec::new();
@@ -462,7 +463,12 @@ impl Router {
                     }
                     bodies.push(body);
                 }
-                Action::Dispatch { event, mut order } => {
+                Action::Dispatch { mut event, mut order } => {
+                    if !order.needs_secrets() {
+                        event.order = Some(Box::new(order));
+                        bodies.push(EventBody::TaskDispatched(event));
+                        continue;
+                    }
                     // A task whose secret cannot be read yet stays waiting; others go ahead.
                     if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
                         warn!(task_id = %order.task_id, error = %e, "secret not readable; dispatch deferred");
@@ -473,6 +479,7 @@ impl Router {
                 }
             }
         }
+        let dispatches = bodies.iter().filter(|b| matches!(b, EventBody::TaskDispatched(_))).count();
         self.publish_all(bodies).await?;
         for (subject, model) in hints {
             let _ = self.client.publish(subject, model.into()).await;
@@ -484,7 +491,7 @@ impl Router {
             let _ = self.client.publish(subject, serde_json::to_vec(&event).expect("events serialize").into()).await;
         }
         self.send_orders(&orders).await?;
-        metrics::counter!("flowmesh_dispatches_total").increment(orders.len() as u64);
+        metrics::counter!("flowmesh_dispatches_total").increment(dispatches as u64);
         Ok(())
     }
 
@@ -501,9 +508,10 @@ impl Router {
         Ok(())
     }
 
-    /// A router that crashed between `task.dispatched` and the work order left a task no worker
-    /// has; re-sending the order under its id completes that dispatch (the stream and the
-    /// worker's journal drop a copy that did arrive).
+    /// A router that crashed between a `task.dispatched` and the work order holding its secret
+    /// left a task no worker has; re-sending the order under its id completes that dispatch (the
+    /// stream and the worker's journal drop a copy that did arrive). Every other order is inside
+    /// its stored dispatch.
     async fn resend_dispatched(&self) -> Result<(), EdgeError> {
         let mut orders = Vec::new();
         for wf in self.state.running_workflows() {
@@ -513,6 +521,9 @@ impl Router {
                 };
                 if let Ok(spec) = schedule::resolve_spec(wf, t) {
                     let mut order = schedule::work_order(wf, t, spec);
+                    if !order.needs_secrets() {
+                        continue;
+                    }
                     if let Err(e) = secrets::restore(&self.handles.js, &mut order).await {
                         return Err(EdgeError::transient(order.msg_id(), std::io::Error::other(e)));
                     }

@@ -355,10 +355,37 @@ pub async fn run(
         background.spawn(warm::listen(shared.clone(), sub));
     }
 
-    let stream = handles.js.get_stream(subjects::WORK_STREAM).await?;
     let slots = (shared.config.batch_slots + shared.config.service_slots).max(1) as usize;
-    // Create or update: a worker restarted with more slots or another ack wait gets them.
-    let consumer = stream
+    // Two queues, one durable consumer each, created or updated (a worker restarted with more
+    // slots or another ack wait gets them). The router sends a worker no more tasks than it has
+    // slots, so neither holds an order that waits for a slot while its ack wait runs.
+    // 1. Its dispatches in the log, which carry the orders of tasks without secrets. Pushed to
+    //    a subject under this worker's own inbox prefix, which only it may hear: other users
+    //    may read the log and pull from its consumers, but cannot take its work by pulling.
+    let inbox = client.new_inbox();
+    let prefix = inbox.rsplit_once('.').map_or(inbox.as_str(), |(prefix, _)| prefix);
+    let dispatches = handles
+        .js
+        .get_stream(subjects::EVENTS_STREAM)
+        .await?
+        .create_consumer(jetstream::consumer::push::Config {
+            durable_name: Some(subjects::work_consumer(&id)),
+            deliver_subject: subjects::dispatch_inbox(prefix, &id),
+            filter_subject: subjects::dispatches(&id),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait: shared.config.ack_wait,
+            max_ack_pending: slots as i64,
+            ..Default::default()
+        })
+        .await?
+        .messages()
+        .await?
+        .map(|m| m.map_err(|e| e.to_string()));
+    // 2. Its work subject, for orders that hold a secret (never in the log).
+    let orders = handles
+        .js
+        .get_stream(subjects::WORK_STREAM)
+        .await?
         .create_consumer(pull::Config {
             durable_name: Some(subjects::work_consumer(&id)),
             filter_subject: subjects::work(&id),
@@ -367,8 +394,11 @@ pub async fn run(
             max_ack_pending: slots as i64,
             ..Default::default()
         })
-        .await?;
-    let mut messages = consumer.messages().await?;
+        .await?
+        .messages()
+        .await?
+        .map(|m| m.map_err(|e| e.to_string()));
+    let mut messages = futures_util::stream::select(dispatches, orders);
     let permits = Arc::new(tokio::sync::Semaphore::new(slots));
     let mut running = tokio::task::JoinSet::new();
     info!(worker_id = %id, slots, "worker ready");
@@ -418,10 +448,27 @@ pub async fn run(
 }
 
 async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
-    let order: WorkOrder = match serde_json::from_slice(&message.payload) {
-        Ok(order) => order,
+    // Anyone who may read the log can point a consumer of their own at this worker's inbox; a
+    // message counts only when this worker's own consumer delivered it.
+    let consumer = subjects::work_consumer(&shared.config.worker_id);
+    let queue = message.info().ok().filter(|i| i.consumer == consumer).map(|i| i.stream.to_owned());
+    let dispatch = match queue.as_deref() {
+        Some(subjects::EVENTS_STREAM) => Some(subjects::event_suffix(&message.subject).unwrap_or_default()),
+        Some(subjects::WORK_STREAM) => None,
+        _ => {
+            warn!(subject = %message.subject, "a message not from this worker's own consumers; ignoring it");
+            return;
+        }
+    };
+    let order: WorkOrder = match flowmesh_domain::work::take(&shared.config.worker_id, dispatch, &message.payload) {
+        Ok(Some(order)) => order,
+        // Its order holds a secret and comes on the work subject.
+        Ok(None) => {
+            let _ = message.ack().await;
+            return;
+        }
         Err(e) => {
-            warn!(error = %e, "work message is not a work order; dropping it");
+            warn!(subject = %message.subject, error = %e, "not a work order for this worker; dropping it");
             let _ = message.ack_with(AckKind::Term).await;
             return;
         }
