@@ -490,6 +490,20 @@ impl<'a> FleetIndex<'a> {
         })
     }
 
+    /// Whether no worker that may take work (not cordoned, not draining) has a slot free of the
+    /// kinds asked (batch, service): no task needing one can be placed until one frees.
+    pub fn saturated(&self, batch: bool, service: bool) -> bool {
+        self.workers.iter().all(|w| {
+            let c = &w.candidate;
+            let s = c.snapshot;
+            c.cordoned
+                || c.draining
+                || s.status == WorkerStatus::Draining
+                || ((!batch || c.batch_in_use >= s.slots.batch.total)
+                    && (!service || c.service_in_use >= s.slots.service.total))
+        })
+    }
+
     /// A digest of what decides whether a waiting task could be placed, slots aside: each live
     /// worker (by id and start), the task types and executors it serves, its tags, cordon and
     /// drain. Equal digests mean the same fleet for every explanation but "no free slot".

@@ -5,8 +5,8 @@
 
 use crate::echo;
 use crate::event::{
-    EventBody, FailureReason, TaskCancelled, TaskCompleted, TaskDispatched, TaskFailed, TaskMerged, TaskPending,
-    TaskRef, TaskRequeued, TaskSkipped, WorkflowEnded,
+    EventBody, FLEET_SCOPE, FailureReason, NO_SCOPE, TaskCancelled, TaskCompleted, TaskDispatched, TaskFailed,
+    TaskMerged, TaskPending, TaskRef, TaskRequeued, TaskSkipped, WorkflowEnded,
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
 use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
@@ -16,7 +16,7 @@ use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
 use crate::workflow::condition_text;
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
@@ -53,23 +53,87 @@ fn task_ref(workflow_id: &str, t: &TaskState) -> TaskRef {
     }
 }
 
-/// What a router carries from one round to the next: the placement request of each waiting task
-/// attempt whose upstream stages have ended. Its resolved spec can no longer change, so later
-/// rounds neither resolve nor re-check it. Entries of tasks that stopped waiting are dropped at
-/// the end of each round, so it holds no more than the backlog.
-#[derive(Debug, Default)]
+/// What a router carries from one round to the next, so a round looks only at what may have
+/// changed: the workflows an event touched (`touch`), the workflows following another's
+/// execution (merged tasks), and, while a slot is free, the waiting tasks oldest first. A round
+/// walks every running workflow when asked (`touch_all`: the router's tick, an event about the
+/// fleet, a new `Requests`) or when the live fleet differs from the last round's.
+///
+/// It also keeps the placement request of each waiting task attempt whose upstream stages have
+/// ended: its resolved spec can no longer change, so later rounds neither resolve nor re-check it.
+/// Entries of tasks that stopped waiting are dropped when their workflow is next looked at.
+#[derive(Debug)]
 pub struct Requests {
     /// By task id (looked up without allocating), for its current attempt.
     tasks: HashMap<String, Remembered>,
-    /// This round's number: an entry not stamped with it at the end of a round is dropped.
+    /// This round's number: an entry of a workflow looked at this round and not stamped with it
+    /// is dropped.
     round: u64,
+    /// Ids of the workflows an event changed since the last round.
+    touched: HashSet<String>,
+    /// The next round walks every running workflow.
+    whole: bool,
+    /// The live fleet's `FleetIndex::signature` in the last round.
+    fleet: Option<u64>,
+    /// By submission sequence: the tasks of each running workflow that hold a worker's slot.
+    on_worker: BTreeMap<u64, Vec<Occupant>>,
+    /// Submission sequences of running workflows with a merged task: their leader is another
+    /// workflow's, so every round looks at them.
+    merged: BTreeSet<u64>,
+    /// Submission sequences of running workflows with a remembered waiting task.
+    backlog: BTreeSet<u64>,
+    /// The part of the backlog with a task that identical inference requests would merge into
+    /// (by submission sequence, their merge keys), and the same by key. An older one leads the
+    /// younger ones even in a round that does not look at it, and a younger one that a round
+    /// finds led by another is looked at in that round.
+    leading: BTreeMap<u64, Vec<String>>,
+    by_key: HashMap<String, BTreeSet<u64>>,
+    /// Whether the backlog may hold a task for a batch slot, and for a service slot: it is
+    /// looked at only while a slot of such a kind is free. Set when such a task is remembered,
+    /// cleared only by a whole round (so never wrongly clear).
+    waits_for: Kinds,
+}
+
+/// Slot kinds: (batch, service).
+#[derive(Debug, Default, Clone, Copy)]
+struct Kinds {
+    batch: bool,
+    service: bool,
+}
+
+impl Kinds {
+    fn add(&mut self, task_type: &str) {
+        if uses_service_slot(task_type) { self.service = true } else { self.batch = true }
+    }
+}
+
+impl Default for Requests {
+    fn default() -> Self {
+        Requests {
+            tasks: HashMap::new(),
+            round: 0,
+            touched: HashSet::new(),
+            whole: true,
+            fleet: None,
+            on_worker: BTreeMap::new(),
+            merged: BTreeSet::new(),
+            backlog: BTreeSet::new(),
+            leading: BTreeMap::new(),
+            by_key: HashMap::new(),
+            waits_for: Kinds::default(),
+        }
+    }
 }
 
 /// What is remembered of one waiting task attempt.
 #[derive(Debug)]
 struct Remembered {
     attempt: u32,
+    /// Its workflow's submission sequence.
+    seq: u64,
     request: Request,
+    /// Its `merge_key`: identical inference requests submitted later follow it.
+    merge: Option<String>,
     /// The last busy explanation hinted, and the fleet it was given for (`FleetIndex::signature`).
     hinted: Option<Hinted>,
     /// The last round the task was waiting in.
@@ -82,9 +146,138 @@ struct Hinted {
     fleet: u64,
 }
 
+/// A task holding a worker's slot.
+#[derive(Debug)]
+struct Occupant {
+    task_id: String,
+    worker: String,
+    service: bool,
+    /// Its `merge_key`: identical inference requests follow it while it runs.
+    merge: Option<String>,
+}
+
 impl Requests {
     pub fn is_empty(&self) -> bool {
         self.tasks.is_empty()
+    }
+
+    /// Notes a folded event: the next round looks at its workflow, or at every workflow when
+    /// the event is about the fleet.
+    pub fn touch(&mut self, event: &EventBody) {
+        if self.whole {
+            // The next round looks at everything anyway (and a standby router, which never
+            // decides, keeps no growing set).
+            return;
+        }
+        let (workflow, _) = event.scope();
+        if workflow == FLEET_SCOPE {
+            self.whole = true;
+        } else if workflow != NO_SCOPE {
+            self.touched.insert(workflow);
+        }
+    }
+
+    /// The next round walks every running workflow (time-based rules: grace periods).
+    pub fn touch_all(&mut self) {
+        self.whole = true;
+        self.touched.clear();
+    }
+
+    /// Brings `on_worker` and `merged` up to date for one workflow, and forgets what was kept for
+    /// one that ended.
+    fn refresh(&mut self, state: &State, seq: u64, wf: &WorkflowState) {
+        let running = state.running_workflow(seq).is_some_and(|r| r.workflow_id == wf.workflow_id);
+        let occupants: Vec<Occupant> = if running {
+            wf.tasks
+                .iter()
+                .filter(|t| t.status.is_on_worker())
+                .filter_map(|t| {
+                    Some(Occupant {
+                        task_id: t.def.task_id.clone(),
+                        worker: t.worker_id.clone()?,
+                        service: uses_service_slot(&t.def.task_type),
+                        merge: merge_key(wf, t),
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if occupants.is_empty() {
+            self.on_worker.remove(&seq);
+        } else {
+            self.on_worker.insert(seq, occupants);
+        }
+        if running && wf.tasks.iter().any(|t| t.status == TaskStatus::Merged) {
+            self.merged.insert(seq);
+        } else {
+            self.merged.remove(&seq);
+        }
+        if !running {
+            self.backlog.remove(&seq);
+            self.set_leading(seq, Vec::new());
+            for t in &wf.tasks {
+                self.tasks.remove(t.def.task_id.as_str());
+            }
+        }
+    }
+
+    /// After a round looked at `wf`: drops what it remembered of tasks that stopped waiting, and
+    /// keeps the workflow in the backlog while one still waits.
+    fn settle(&mut self, wf: &WorkflowState) {
+        let round = self.round;
+        let mut waiting = false;
+        for t in &wf.tasks {
+            match self.tasks.get(t.def.task_id.as_str()) {
+                Some(r) if r.round == round => waiting = true,
+                Some(_) => {
+                    self.tasks.remove(t.def.task_id.as_str());
+                }
+                None => {}
+            }
+        }
+        if waiting {
+            self.backlog.insert(wf.seq);
+        } else {
+            self.backlog.remove(&wf.seq);
+        }
+        let keys = self.merge_keys(wf).map(|(key, _)| key.clone()).collect();
+        self.set_leading(wf.seq, keys);
+    }
+
+    fn set_leading(&mut self, seq: u64, keys: Vec<String>) {
+        for key in self.leading.remove(&seq).unwrap_or_default() {
+            if let Some(seqs) = self.by_key.get_mut(&key) {
+                seqs.remove(&seq);
+                if seqs.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+        for key in &keys {
+            self.by_key.entry(key.clone()).or_default().insert(seq);
+        }
+        if !keys.is_empty() {
+            self.leading.insert(seq, keys);
+        }
+    }
+
+    /// The merge keys of `wf`'s waiting tasks whose request is remembered, with their task ids.
+    fn merge_keys<'w>(&'w self, wf: &'w WorkflowState) -> impl Iterator<Item = (&'w String, &'w String)> {
+        wf.tasks.iter().filter(|t| matches!(t.status, TaskStatus::Waiting | TaskStatus::Pending)).filter_map(|t| {
+            let remembered = self.tasks.get(t.def.task_id.as_str()).filter(|r| r.attempt == t.attempt)?;
+            Some((remembered.merge.as_ref()?, &t.def.task_id))
+        })
+    }
+
+    /// Adds to `leaders` the waiting tasks of `wf` that lead identical requests (see `leading`).
+    fn lead(&self, wf: &WorkflowState, leaders: &mut HashMap<String, String>) {
+        if wf.cancel_requested {
+            return;
+        }
+        for (key, task_id) in self.merge_keys(wf) {
+            leaders.entry(key.clone()).or_insert_with(|| task_id.clone());
+        }
     }
 }
 
@@ -93,8 +286,11 @@ pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Con
     decide_with(state, fleet, now_ms, config, &mut Requests::default())
 }
 
-/// `decide`, remembering waiting tasks' requests in `requests` across rounds (what a router does).
-/// `fleet` may hold the snapshots or references to them (a router need not copy its fleet).
+/// `decide`, remembering between rounds in `requests` what a router remembers (see `Requests`):
+/// a round decides what a walk of every running workflow would, looking only where something
+/// may have changed. Every event folded into `state` since the last round must have been
+/// `touch`ed. `fleet` may hold the snapshots or references to them (a router need not copy its
+/// fleet).
 pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     state: &State,
     fleet: &[W],
@@ -103,17 +299,34 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     requests: &mut Requests,
 ) -> Vec<Action> {
     let fleet: Vec<&WorkerSnapshot> = fleet.iter().map(Borrow::borrow).collect();
-    // Looked up once per round, oldest submission first.
-    let running: Vec<&WorkflowState> = state.running_workflows().collect();
     requests.round += 1;
+    let mut whole = std::mem::take(&mut requests.whole);
+    let touched = std::mem::take(&mut requests.touched);
+    // What holds a slot, kept current for the workflows that changed: only a running workflow can
+    // have a task on a worker (it ends when all its tasks have).
+    if whole {
+        requests.on_worker.clear();
+        requests.merged.clear();
+        for wf in state.running_workflows() {
+            requests.refresh(state, wf.seq, wf);
+        }
+    } else {
+        for wf in touched.iter().filter_map(|id| state.workflows.get(id)) {
+            requests.refresh(state, wf.seq, wf);
+        }
+    }
     let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
-    // Only a running workflow can have a task on a worker: it ends when all its tasks have.
-    for wf in &running {
-        for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
-            if let Some(worker) = t.worker_id.as_deref() {
-                let entry = usage.entry(worker).or_default();
-                if uses_service_slot(&t.def.task_type) { entry.1 += 1 } else { entry.0 += 1 }
-            }
+    // Inference executions under way lead the identical requests that arrive while they run.
+    let mut leaders: HashMap<String, String> = HashMap::new();
+    for occupant in requests.on_worker.values().flatten() {
+        let entry = usage.entry(occupant.worker.as_str()).or_default();
+        if occupant.service {
+            entry.1 += 1
+        } else {
+            entry.0 += 1
+        }
+        if let Some(key) = &occupant.merge {
+            leaders.entry(key.clone()).or_insert_with(|| occupant.task_id.clone());
         }
     }
     let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), *w)).collect();
@@ -132,24 +345,100 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
         .collect();
     // Built once per round: every waiting task is placed against the same index.
     let mut index = FleetIndex::new(&candidates);
+    let signature = index.signature();
+    // Another fleet can change what every waiting task may do, and lose a running task's worker.
+    whole |= requests.fleet.replace(signature) != Some(signature);
     let mut actions = Vec::new();
-    // Inference executions under way lead the identical requests that arrive while they run.
-    let mut leaders: HashMap<String, String> = HashMap::new();
-    for wf in &running {
-        for t in wf.tasks.iter().filter(|t| t.status.is_on_worker()) {
-            if let Some(key) = merge_key(wf, t) {
-                leaders.entry(key).or_insert_with(|| t.def.task_id.clone());
+    let mut visited: Vec<&WorkflowState> = Vec::new();
+    // Oldest submission first, so a busy fleet serves workflows in the order they came.
+    let round = Round { state, live: &live, now_ms, config, fleet: signature };
+    if whole {
+        for wf in state.running_workflows() {
+            decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
+            visited.push(wf);
+        }
+        let this_round = requests.round;
+        requests.tasks.retain(|_, remembered| remembered.round == this_round);
+        requests.backlog = requests.tasks.values().map(|r| r.seq).collect();
+        requests.leading.clear();
+        requests.by_key.clear();
+        let mut leading: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for r in requests.tasks.values() {
+            if let Some(key) = &r.merge {
+                leading.entry(r.seq).or_default().push(key.clone());
             }
         }
+        for (seq, keys) in leading {
+            requests.set_leading(seq, keys);
+        }
+        requests.waits_for = Kinds::default();
+        for r in requests.tasks.values() {
+            requests.waits_for.add(&r.request.task_type);
+        }
+    } else {
+        // The workflows something happened to, in submission order with the backlog, which is
+        // looked at only while a slot is free somewhere.
+        let mut queue: BTreeSet<u64> = touched
+            .iter()
+            .filter_map(|id| state.workflows.get(id))
+            .filter(|wf| state.running_workflow(wf.seq).is_some())
+            .map(|wf| wf.seq)
+            .collect();
+        queue.extend(requests.merged.iter().copied());
+        let backlog = std::mem::take(&mut requests.backlog);
+        let mut waiting = backlog.iter().copied().peekable();
+        // A walk of everything would have made every older waiting task lead identical requests
+        // by the time it reaches a workflow: those not looked at this round lead them too.
+        let leading = std::mem::take(&mut requests.leading);
+        let mut older_leaders = leading.keys().copied().peekable();
+        let mut slot_free = true;
+        let mut last = None;
+        loop {
+            let next_waiting = if slot_free { waiting.peek().copied() } else { None };
+            let seq = match (queue.first().copied(), next_waiting) {
+                (None, None) => break,
+                (Some(q), Some(w)) if w < q => {
+                    waiting.next();
+                    w
+                }
+                (None, Some(w)) => {
+                    waiting.next();
+                    w
+                }
+                (Some(q), _) => {
+                    queue.pop_first();
+                    q
+                }
+            };
+            if last.is_some_and(|last| seq <= last) {
+                continue;
+            }
+            last = Some(seq);
+            while let Some(older) = older_leaders.next_if(|&older| older <= seq) {
+                // One looked at now registers as it is looked at, if it still leads.
+                if let Some(wf) = state.running_workflow(older).filter(|_| older < seq) {
+                    requests.lead(wf, &mut leaders);
+                }
+            }
+            let Some(wf) = state.running_workflow(seq) else { continue };
+            decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
+            visited.push(wf);
+            // Younger waiting requests identical to one of this workflow's would merge in a walk
+            // of everything: they are looked at in this round too.
+            for (key, _) in requests.merge_keys(wf) {
+                if let Some(younger) = requests.by_key.get(key) {
+                    queue.extend(younger.range(seq + 1..));
+                }
+            }
+            slot_free = slot_free && !index.saturated(requests.waits_for.batch, requests.waits_for.service);
+        }
+        requests.backlog = backlog;
+        requests.leading = leading;
+        for wf in &visited {
+            requests.settle(wf);
+        }
     }
-    // Oldest submission first, so a busy fleet serves workflows in the order they came.
-    let round = Round { state, live: &live, now_ms, config, fleet: index.signature() };
-    for wf in &running {
-        decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
-    }
-    actions.extend(prewarm_hints(state, &running, &candidates));
-    let round = requests.round;
-    requests.tasks.retain(|_, remembered| remembered.round == round);
+    actions.extend(prewarm_hints(state, &visited, &candidates));
     actions
 }
 
@@ -434,8 +723,9 @@ fn decide_waiting(
             })));
         }
     }
-    if let Some(merge) = merge_key(wf, t) {
-        match leaders.get(&merge) {
+    let merge = merge_key(wf, t);
+    if let Some(merge) = &merge {
+        match leaders.get(merge) {
             Some(leader) if leader != &t.def.task_id => {
                 let message = format!("{} merged with {leader}: one execution, its result for both", t.def.stage);
                 return Some(Action::Publish(EventBody::TaskMerged(TaskMerged {
@@ -446,7 +736,7 @@ fn decide_waiting(
             }
             Some(_) => {}
             None => {
-                leaders.insert(merge, t.def.task_id.clone());
+                leaders.insert(merge.clone(), t.def.task_id.clone());
             }
         }
     }
@@ -468,8 +758,10 @@ fn decide_waiting(
             Ok(r) => r,
             Err(message) => return fail(FailureReason::SpecValidationFailed, message),
         };
-        let remembered = Remembered { attempt: t.attempt, request, hinted: None, round: this_round };
+        let remembered =
+            Remembered { attempt: t.attempt, seq: wf.seq, request, merge, hinted: None, round: this_round };
         requests.tasks.insert(t.def.task_id.clone(), remembered);
+        requests.waits_for.add(&t.def.task_type);
         resolved = Some(spec);
     }
     let remembered = requests.tasks.get_mut(t.def.task_id.as_str()).expect("remembered above");

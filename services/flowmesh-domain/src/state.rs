@@ -200,6 +200,11 @@ impl State {
         self.running.values().filter_map(|id| self.workflows.get(id))
     }
 
+    /// The running workflow submitted at `seq` (a key of `running_workflows`' order).
+    pub fn running_workflow(&self, seq: u64) -> Option<&WorkflowState> {
+        self.workflows.get(self.running.get(&seq)?)
+    }
+
     /// Folds one event in.
     pub fn apply(&mut self, event: &Event) -> Applied {
         self.apply_deriving(event).0

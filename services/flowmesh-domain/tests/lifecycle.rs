@@ -32,6 +32,8 @@ struct Scenario {
     requests: Requests,
     /// The busy explanations sent as hints (never stored), in order.
     hints: Vec<TaskPending>,
+    /// `now` at the last round.
+    routed_at: Option<u64>,
 }
 
 impl Scenario {
@@ -45,6 +47,7 @@ impl Scenario {
             log: Vec::new(),
             requests: Requests::default(),
             hints: Vec::new(),
+            routed_at: None,
         };
         s.apply(EventBody::SubmissionAccepted(SubmissionAccepted {
             workflow_id: "wf-1".into(),
@@ -63,6 +66,7 @@ impl Scenario {
     fn apply(&mut self, body: EventBody) -> Applied {
         let event = Event::new(body, format!("t{}", self.now), self.log.len() as u64);
         let applied = self.state.apply(&event);
+        self.requests.touch(&event.body);
         self.log.push(event);
         applied
     }
@@ -70,7 +74,12 @@ impl Scenario {
     /// Runs the router once; returns the work orders it sent (worker, stage, attempt, spec).
     fn route(&mut self) -> Vec<(String, String, u32, Value)> {
         let mut sent = Vec::new();
-        // What the router remembers between rounds never changes a decision.
+        // What the router remembers between rounds never changes a decision. Like the router's
+        // tick, time passing gets a round that looks at everything (grace periods).
+        if self.routed_at != Some(self.now) {
+            self.requests.touch_all();
+            self.routed_at = Some(self.now);
+        }
         let actions = decide_with(&self.state, &self.fleet, self.now, &self.config, &mut self.requests);
         // Hints are sent once per explanation, so only a fresh router repeats them.
         let decisions = |actions: &[Action]| -> Vec<Action> {

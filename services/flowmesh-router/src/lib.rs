@@ -96,7 +96,8 @@ struct Router {
     leader: bool,
     /// Work orders re-sent after taking the lease (a dispatch a crash may have cut short).
     resent_after_takeover: bool,
-    /// Waiting tasks' placement requests, kept between rounds (`schedule::decide_with`).
+    /// What a round remembers for the next (`schedule::decide_with`): waiting tasks' placement
+    /// requests, and the workflows touched since.
     requests: schedule::Requests,
     /// Another router's lease as this one last saw it (`lease::acquire`).
     lease_seen: Option<lease::Seen>,
@@ -200,6 +201,8 @@ pub async fn run(
                 router.note_contact(connected);
                 // What ended is dropped from the fold: the router holds what runs, not history.
                 router.state.forget_ended();
+                // Time-based rules (grace periods) are looked at in a whole round each tick.
+                router.requests.touch_all();
                 status.set(router.status());
                 router.resend_cancels().await;
                 if let Some(c) = checkpoint.as_mut()
@@ -243,6 +246,7 @@ impl Router {
         match Event::read(suffix, &message.payload) {
             Ok(event) => {
                 let applied = self.state.apply(&event);
+                self.requests.touch(&event.body);
                 debug!(event = %event.id, ?applied, "folded");
             }
             Err(e) => {
