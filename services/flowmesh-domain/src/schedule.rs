@@ -146,6 +146,9 @@ struct Hinted {
     fleet: u64,
 }
 
+/// Slots in use by worker id: (batch, service).
+type Usage<'a> = HashMap<&'a str, (u32, u32)>;
+
 /// A task holding a worker's slot.
 #[derive(Debug)]
 struct Occupant {
@@ -181,6 +184,65 @@ impl Requests {
     pub fn touch_all(&mut self) {
         self.whole = true;
         self.touched.clear();
+    }
+
+    /// Brings what holds a slot up to date: for every running workflow, or for the `touched`
+    /// ones. Only a running workflow can have a task on a worker (it ends when all its tasks have).
+    fn refresh_slots(&mut self, state: &State, touched: Option<&HashSet<String>>) {
+        match touched {
+            None => {
+                self.on_worker.clear();
+                self.merged.clear();
+                for wf in state.running_workflows() {
+                    self.refresh(state, wf.seq, wf);
+                }
+            }
+            Some(touched) => {
+                for wf in touched.iter().filter_map(|id| state.workflows.get(id)) {
+                    self.refresh(state, wf.seq, wf);
+                }
+            }
+        }
+    }
+
+    /// Slots in use by worker (batch, service), and the inference executions under way, which
+    /// lead the identical requests that arrive while they run (oldest submission first).
+    fn occupancy(&self) -> (Usage<'_>, HashMap<String, String>) {
+        let mut usage = Usage::new();
+        let mut leaders = HashMap::new();
+        for occupant in self.on_worker.values().flatten() {
+            let entry = usage.entry(occupant.worker.as_str()).or_default();
+            if occupant.service {
+                entry.1 += 1
+            } else {
+                entry.0 += 1
+            }
+            if let Some(key) = &occupant.merge {
+                leaders.entry(key.clone()).or_insert_with(|| occupant.task_id.clone());
+            }
+        }
+        (usage, leaders)
+    }
+
+    /// After a round that looked at everything: drops what it remembered of tasks that stopped
+    /// waiting and rebuilds the backlog from the rest.
+    fn rebuild_backlog(&mut self) {
+        let round = self.round;
+        self.tasks.retain(|_, remembered| remembered.round == round);
+        self.backlog = self.tasks.values().map(|r| r.seq).collect();
+        self.leading.clear();
+        self.by_key.clear();
+        self.waits_for = Kinds::default();
+        let mut leading: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for r in self.tasks.values() {
+            self.waits_for.add(&r.request.task_type);
+            if let Some(key) = &r.merge {
+                leading.entry(r.seq).or_default().push(key.clone());
+            }
+        }
+        for (seq, keys) in leading {
+            self.set_leading(seq, keys);
+        }
     }
 
     /// Brings `on_worker` and `merged` up to date for one workflow, and forgets what was kept for
@@ -302,33 +364,8 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     requests.round += 1;
     let mut whole = std::mem::take(&mut requests.whole);
     let touched = std::mem::take(&mut requests.touched);
-    // What holds a slot, kept current for the workflows that changed: only a running workflow can
-    // have a task on a worker (it ends when all its tasks have).
-    if whole {
-        requests.on_worker.clear();
-        requests.merged.clear();
-        for wf in state.running_workflows() {
-            requests.refresh(state, wf.seq, wf);
-        }
-    } else {
-        for wf in touched.iter().filter_map(|id| state.workflows.get(id)) {
-            requests.refresh(state, wf.seq, wf);
-        }
-    }
-    let mut usage: HashMap<&str, (u32, u32)> = HashMap::new();
-    // Inference executions under way lead the identical requests that arrive while they run.
-    let mut leaders: HashMap<String, String> = HashMap::new();
-    for occupant in requests.on_worker.values().flatten() {
-        let entry = usage.entry(occupant.worker.as_str()).or_default();
-        if occupant.service {
-            entry.1 += 1
-        } else {
-            entry.0 += 1
-        }
-        if let Some(key) = &occupant.merge {
-            leaders.entry(key.clone()).or_insert_with(|| occupant.task_id.clone());
-        }
-    }
+    requests.refresh_slots(state, (!whole).then_some(&touched));
+    let (usage, mut leaders) = requests.occupancy();
     let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), *w)).collect();
     let candidates: Vec<Candidate<'_>> = fleet
         .iter()
@@ -348,36 +385,43 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
     let signature = index.signature();
     // Another fleet can change what every waiting task may do, and lose a running task's worker.
     whole |= requests.fleet.replace(signature) != Some(signature);
-    let mut actions = Vec::new();
-    let mut visited: Vec<&WorkflowState> = Vec::new();
-    // Oldest submission first, so a busy fleet serves workflows in the order they came.
     let round = Round { state, live: &live, now_ms, config, fleet: signature };
-    if whole {
-        for wf in state.running_workflows() {
-            decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
-            visited.push(wf);
+    let mut walk = Walk { round: &round, index: &mut index, leaders: &mut leaders, actions: Vec::new() };
+    let visited = if whole { walk.everything(requests) } else { walk.changed(requests, &touched) };
+    let mut actions = walk.actions;
+    actions.extend(prewarm_hints(state, &visited, &candidates));
+    actions
+}
+
+/// One round's decisions as they are made, workflow by workflow.
+struct Walk<'r, 'i> {
+    round: &'r Round<'r>,
+    index: &'r mut FleetIndex<'i>,
+    /// Merge key → the task that leads identical inference requests.
+    leaders: &'r mut HashMap<String, String>,
+    actions: Vec<Action>,
+}
+
+impl<'r> Walk<'r, '_> {
+    fn decide(&mut self, wf: &WorkflowState, requests: &mut Requests) {
+        decide_workflow(wf, self.round, self.index, requests, self.leaders, &mut self.actions);
+    }
+
+    /// Every running workflow, oldest submission first; what is remembered is rebuilt from it.
+    fn everything(&mut self, requests: &mut Requests) -> Vec<&'r WorkflowState> {
+        let state = self.round.state;
+        let visited: Vec<&WorkflowState> = state.running_workflows().collect();
+        for wf in &visited {
+            self.decide(wf, requests);
         }
-        let this_round = requests.round;
-        requests.tasks.retain(|_, remembered| remembered.round == this_round);
-        requests.backlog = requests.tasks.values().map(|r| r.seq).collect();
-        requests.leading.clear();
-        requests.by_key.clear();
-        let mut leading: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for r in requests.tasks.values() {
-            if let Some(key) = &r.merge {
-                leading.entry(r.seq).or_default().push(key.clone());
-            }
-        }
-        for (seq, keys) in leading {
-            requests.set_leading(seq, keys);
-        }
-        requests.waits_for = Kinds::default();
-        for r in requests.tasks.values() {
-            requests.waits_for.add(&r.request.task_type);
-        }
-    } else {
-        // The workflows something happened to, in submission order with the backlog, which is
-        // looked at only while a slot is free somewhere.
+        requests.rebuild_backlog();
+        visited
+    }
+
+    /// The workflows something happened to (`touched`) and those with a merged task, in
+    /// submission order with the backlog, which is looked at only while a slot it needs is free.
+    fn changed(&mut self, requests: &mut Requests, touched: &HashSet<String>) -> Vec<&'r WorkflowState> {
+        let state = self.round.state;
         let mut queue: BTreeSet<u64> = touched
             .iter()
             .filter_map(|id| state.workflows.get(id))
@@ -393,6 +437,7 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
         let mut older_leaders = leading.keys().copied().peekable();
         let mut slot_free = true;
         let mut last = None;
+        let mut visited = Vec::new();
         loop {
             let next_waiting = if slot_free { waiting.peek().copied() } else { None };
             let seq = match (queue.first().copied(), next_waiting) {
@@ -417,11 +462,11 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
             while let Some(older) = older_leaders.next_if(|&older| older <= seq) {
                 // One looked at now registers as it is looked at, if it still leads.
                 if let Some(wf) = state.running_workflow(older).filter(|_| older < seq) {
-                    requests.lead(wf, &mut leaders);
+                    requests.lead(wf, self.leaders);
                 }
             }
             let Some(wf) = state.running_workflow(seq) else { continue };
-            decide_workflow(wf, &round, &mut index, requests, &mut leaders, &mut actions);
+            self.decide(wf, requests);
             visited.push(wf);
             // Younger waiting requests identical to one of this workflow's would merge in a walk
             // of everything: they are looked at in this round too.
@@ -430,16 +475,16 @@ pub fn decide_with<W: Borrow<WorkerSnapshot>>(
                     queue.extend(younger.range(seq + 1..));
                 }
             }
-            slot_free = slot_free && !index.saturated(requests.waits_for.batch, requests.waits_for.service);
+            let waits_for = requests.waits_for;
+            slot_free = slot_free && !self.index.saturated(waits_for.batch, waits_for.service);
         }
         requests.backlog = backlog;
         requests.leading = leading;
         for wf in &visited {
             requests.settle(wf);
         }
+        visited
     }
-    actions.extend(prewarm_hints(state, &visited, &candidates));
-    actions
 }
 
 /// Hints the router sends ahead of a backlog: a stage that will need a model once its upstream
