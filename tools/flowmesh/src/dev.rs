@@ -15,6 +15,8 @@ pub struct StackOptions {
     /// Where the server and the workers keep data; a temporary folder when `None`.
     pub data: Option<PathBuf>,
     pub workers: usize,
+    /// Batch slots of every worker; the worker's default when `None`.
+    pub batch_slots: Option<u32>,
     /// Simulated hardware for every worker (`--worker-hw`).
     pub worker_hw: Option<Hardware>,
     pub nats_server: Option<PathBuf>,
@@ -28,6 +30,7 @@ impl Default for StackOptions {
         StackOptions {
             data: None,
             workers: 1,
+            batch_slots: None,
             worker_hw: None,
             nats_server: None,
             port: None,
@@ -58,6 +61,9 @@ pub fn worker_config(options: &StackOptions, data_dir: &std::path::Path, n: usiz
         flowmesh_worker::Config::local(&format!("dev-worker-{n}"), data_dir.join("results"), options.heartbeat);
     config.tags = vec!["dev".to_owned()];
     config.simulate_hw = options.worker_hw.clone();
+    if let Some(slots) = options.batch_slots {
+        config.batch_slots = slots;
+    }
     config
 }
 

@@ -35,6 +35,9 @@ pub struct Args {
     /// With --dev: how many workers.
     #[arg(long, requires = "dev", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     workers: u16,
+    /// With --dev: batch slots per worker (tasks each runs at once); the worker's default when unset.
+    #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    slots: Option<u32>,
     /// With --dev: the nats-server binary (default: from PATH).
     #[arg(long, requires = "dev")]
     nats_server: Option<PathBuf>,
@@ -69,6 +72,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
     let (stack, js) = if args.dev {
         let stack = dev::Stack::start(dev::StackOptions {
             workers: usize::from(args.workers),
+            batch_slots: args.slots,
             nats_server: args.nats_server,
             ..Default::default()
         })
