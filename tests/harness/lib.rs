@@ -443,6 +443,14 @@ pub fn output_text(out: &std::process::Output) -> String {
     format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
+/// Stops a `flowmesh dev` process as Ctrl-C does and waits for it: it stops its nats-server on
+/// the way out. (The SIGKILL of `kill_on_drop` would leave that server running, orphaned.)
+pub async fn interrupt(child: &mut tokio::process::Child) -> anyhow::Result<std::process::ExitStatus> {
+    let pid = child.id().ok_or_else(|| anyhow::anyhow!("the process already ended"))?;
+    std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status()?;
+    Ok(tokio::time::timeout(DEADLINE, child.wait()).await??)
+}
+
 /// The `flowmesh` binary cargo built next to this test binary (`target/<profile>/flowmesh`).
 pub fn flowmesh_bin() -> PathBuf {
     binary("flowmesh")

@@ -59,9 +59,7 @@ async fn ctrl_c_stops_flowmesh_dev_and_its_nats_server() -> anyhow::Result<()> {
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "flowmesh dev never came up");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let pid = dev.id().expect("running");
-    std::process::Command::new("kill").args(["-INT", &pid.to_string()]).status()?;
-    let status = tokio::time::timeout(tests::DEADLINE, dev.wait()).await??;
+    let status = tests::interrupt(&mut dev).await?;
     assert!(status.success(), "a clean exit on Ctrl-C: {status:?}");
     assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(), "its nats-server stopped too");
     Ok(())

@@ -183,7 +183,7 @@ async fn result_download_bundles_a_task_s_files_as_a_tgz() -> anyhow::Result<()>
 async fn dev_passes_no_worker_grace_sec_on_to_its_router() -> anyhow::Result<()> {
     let port = flowmesh::nats_server::free_port()?;
     let data = tempfile::tempdir()?;
-    let _dev = tokio::process::Command::new(tests::flowmesh_bin())
+    let mut dev = tokio::process::Command::new(tests::flowmesh_bin())
         .args(["dev", "--port", &port.to_string(), "--data", data.path().to_str().unwrap()])
         .args(["--no-worker-grace-sec", "2"])
         .stdout(std::process::Stdio::null())
@@ -211,5 +211,6 @@ async fn dev_passes_no_worker_grace_sec_on_to_its_router() -> anyhow::Result<()>
     let task = &state.workflows[&wf].tasks[0];
     assert_eq!(task.reason.as_deref(), Some("no_eligible_worker"), "{task:?}");
     assert!(submitted.elapsed() < std::time::Duration::from_secs(20), "failed after the 2 s grace, not 60 s");
+    tests::interrupt(&mut dev).await?;
     Ok(())
 }
