@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# `flowmesh bench` against the stack run as separate processes (a private nats-server on a free
+# loopback port, flowmesh-validator, flowmesh-router and N flowmesh-worker), so the bench reports
+# CPU per task and peak memory for each service on its own. (`bench --dev` runs them all in one
+# process.) Uses the release binaries: build them first with `cargo build --release --bins`.
+#
+#   tools/bench-processes.sh [--workers N] [--slots N] [bench arguments…]
+#   tools/bench-processes.sh --workers 4 --tasks 100000 --concurrency 10000 --mix echo=1
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=target/release
+workers=4
+slots=2
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --workers) workers=$2; shift 2 ;;
+    --slots) slots=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+for b in flowmesh flowmesh-validator flowmesh-router flowmesh-worker; do
+  [ -x "$bin/$b" ] || { echo "bench-processes: $bin/$b is missing; run cargo build --release --bins" >&2; exit 1; }
+done
+command -v nats-server >/dev/null || { echo "bench-processes: nats-server is not on PATH; run ./tools/install-deps.sh" >&2; exit 1; }
+
+dir=$(mktemp -d)
+pids=()
+stop() {
+  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null
+  wait 2>/dev/null
+  rm -rf "$dir"
+}
+trap stop EXIT
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "1s" }\n' "$port" "$dir" >"$dir/nats.conf"
+nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
+pids+=($!)
+export NATS_URL="nats://127.0.0.1:$port" RUST_LOG=warn
+# Wait (with a deadline) for each step to be up, never a fixed sleep.
+wait_until() {
+  local what=$1
+  shift
+  for _ in $(seq 300); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  echo "bench-processes: $what did not come up within 30 s (logs in $dir)" >&2
+  exit 1
+}
+wait_until nats-server bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
+"$bin/flowmesh-validator" >"$dir/validator.log" 2>&1 &
+pids+=($!)
+"$bin/flowmesh-router" --router-id bench-router >"$dir/router.log" 2>&1 &
+pids+=($!)
+for n in $(seq "$workers"); do
+  WORKER_ID="bench-worker-$n" RESULTS_DIR="$dir/results-$n" HEARTBEAT_INTERVAL_SEC=2 \
+    "$bin/flowmesh-worker" --worker-batch-slots "$slots" >"$dir/worker-$n.log" 2>&1 &
+  pids+=($!)
+done
+live_workers() { [ "$("$bin/flowmesh" worker list 2>/dev/null | grep -c 'bench-worker-')" -ge "$workers" ]; }
+wait_until "$workers workers" live_workers
+"$bin/flowmesh" bench "${args[@]}"
