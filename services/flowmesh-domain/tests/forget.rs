@@ -8,20 +8,7 @@ use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::json;
 mod common;
-
-/// One inference request; two of them with the same input share one execution.
-const ASK: &str = r#"
-apiVersion: flowmesh/v1
-kind: Workflow
-metadata: {name: ask}
-spec:
-  taskType: inference
-  model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
-  inference: {max_tokens: 32, temperature: 0}
-  graph:
-    nodes:
-      - {name: a, spec: {data: {type: list, items: [hello]}}}
-"#;
+use common::ASK;
 
 fn apply(state: &mut State, body: EventBody) -> Applied {
     state.apply(&Event::new(body, "t".into(), 0))

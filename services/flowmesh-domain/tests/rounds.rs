@@ -14,6 +14,7 @@ use flowmesh_domain::state::State;
 use flowmesh_domain::validate_submission;
 use serde_json::json;
 mod common;
+use common::ASK;
 #[path = "common/rng.rs"]
 mod rng;
 use rng::Rng;
@@ -41,20 +42,6 @@ spec:
       spec: {data: {type: list, items: [first]}}
     - name: down
       spec: {data: {type: list, items: ["${up.items.0.output}"]}}
-"#;
-
-/// Identical requests: a later one merges into the one under way.
-const ASK: &str = r#"
-apiVersion: flowmesh/v1
-kind: Workflow
-metadata: {name: ask}
-spec:
-  taskType: inference
-  model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
-  inference: {max_tokens: 8, temperature: 0}
-  graph:
-    nodes:
-      - {name: a, spec: {data: {type: list, items: [hello]}}}
 "#;
 
 /// More cores than any worker has: it waits for a capable worker until its grace runs out.

@@ -5,6 +5,20 @@ use flowmesh_domain::fleet::{Gpu, Hardware, SlotCount, Slots, WorkerSnapshot, Wo
 
 pub const GIB: u64 = 1 << 30;
 
+/// One inference request; two of them with the same input share one execution.
+pub const ASK: &str = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: ask}
+spec:
+  taskType: inference
+  model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
+  inference: {max_tokens: 32, temperature: 0}
+  graph:
+    nodes:
+      - {name: a, spec: {data: {type: list, items: [hello]}}}
+"#;
+
 /// An idle, simulated worker serving `types`, with `gpus` as (name, GiB) and two batch slots.
 pub fn worker(id: &str, types: &[&str], cores: u32, mem_gib: u64, gpus: &[(&str, u64)]) -> WorkerSnapshot {
     WorkerSnapshot {
