@@ -1,8 +1,9 @@
 //! A router's round looks only where something may have changed (`schedule::Requests`): the
 //! workflows an event touched, merged tasks, and the backlog while a slot is free. Here a busy
-//! fleet takes a long, seeded run of submissions, completions, failures, cancels, lost and
-//! returning workers and passing time, and every round must decide exactly what a walk of every
-//! running workflow (`decide`, with nothing remembered) decides.
+//! fleet takes a long, seeded run of submissions (batch tasks, identical inference requests,
+//! services, a task no worker can run), completions, failures, cancels, lost and returning
+//! workers and passing time, and every round must decide exactly what a walk of every running
+//! workflow (`decide`, with nothing remembered) decides.
 
 use flowmesh_domain::event::{
     Event, EventBody, FailureReason, SubmissionAccepted, SubmissionRef, TaskCancelRequested, TaskCompleted, TaskFailed,
@@ -57,10 +58,24 @@ spec:
       - {name: a, spec: {command: ["python", "-c", "pass"]}}
 "#;
 
+/// A long-lived service: it takes a service slot, not a batch slot.
+const SERVE: &str = r#"
+apiVersion: flowmesh/v1
+kind: ServeTask
+metadata: {name: serve}
+spec:
+  taskType: serve
+  resources: {hardware: {cpu: 1, memory: 1Gi}}
+  model: {source: {type: huggingface, identifier: Qwen/Qwen3-0.6B}}
+  accessMode: forward
+  port: 8000
+  ttlSeconds: 60
+"#;
+
 fn fleet() -> Vec<WorkerSnapshot> {
     let mut w1 = common::worker("w1", &["echo", "inference"], 8, 32, &[]);
     w1.slots.batch.total = 1;
-    let w2 = common::worker("w2", &["echo", "python"], 8, 32, &[]);
+    let w2 = common::worker("w2", &["echo", "python", "serve"], 8, 32, &[]);
     let mut w3 = common::worker("w3", &["echo"], 8, 32, &[]);
     w3.slots.batch.total = 1;
     vec![w1, w2, w3]
@@ -142,7 +157,7 @@ impl Run {
     fn step(&mut self, rng: &mut Rng) {
         match rng.below(20) {
             0..=5 => {
-                let doc = [ONE, ONE, TWO, ASK, HUGE][rng.below(5)];
+                let doc = [ONE, ONE, TWO, ASK, HUGE, SERVE][rng.below(6)];
                 self.submit(doc);
             }
             6..=11 => {
