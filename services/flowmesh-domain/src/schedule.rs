@@ -10,7 +10,7 @@ use crate::event::{
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
 use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
-use crate::state::{State, TaskState, TaskStatus, WorkflowState, WorkflowUpstream};
+use crate::state::{State, TaskState, TaskStatus, WorkflowState, WorkflowStatus, WorkflowUpstream};
 use crate::template::{self, lookup};
 use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
@@ -194,12 +194,12 @@ impl Requests {
                 self.on_worker.clear();
                 self.merged.clear();
                 for wf in state.running_workflows() {
-                    self.refresh(state, wf.seq, wf);
+                    self.refresh(wf);
                 }
             }
             Some(touched) => {
                 for wf in touched.iter().filter_map(|id| state.workflows.get(id)) {
-                    self.refresh(state, wf.seq, wf);
+                    self.refresh(wf);
                 }
             }
         }
@@ -247,8 +247,8 @@ impl Requests {
 
     /// Brings `on_worker` and `merged` up to date for one workflow, and forgets what was kept for
     /// one that ended.
-    fn refresh(&mut self, state: &State, seq: u64, wf: &WorkflowState) {
-        let running = state.running_workflow(seq).is_some_and(|r| r.workflow_id == wf.workflow_id);
+    fn refresh(&mut self, wf: &WorkflowState) {
+        let (seq, running) = (wf.seq, wf.status == WorkflowStatus::Running);
         let occupants: Vec<Occupant> = if running {
             wf.tasks
                 .iter()
@@ -425,7 +425,7 @@ impl<'r> Walk<'r, '_> {
         let mut queue: BTreeSet<u64> = touched
             .iter()
             .filter_map(|id| state.workflows.get(id))
-            .filter(|wf| state.running_workflow(wf.seq).is_some())
+            .filter(|wf| wf.status == WorkflowStatus::Running)
             .map(|wf| wf.seq)
             .collect();
         queue.extend(requests.merged.iter().copied());
