@@ -45,29 +45,42 @@ run examples/valid/ppo.yaml
 # another test). `settled`
 # prints the meta leader's name when that holds.
 settled() {
-  python3 - <<'PY'
+  python3 - "$@" <<'PY'
 import json, sys, urllib.request
 ports = {"nats-1": 8222, "nats-2": 8223, "nats-3": 8224}
 def get(port, path):
     return json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=3))
+why = []
 try:
-    healthy = all(get(port, "/healthz").get("status") == "ok" for port in ports.values())
-    # Every node hosts a replica of every stream (R3): a node whose meta state lags holds fewer,
-    # and losing the meta leader then leaves two nodes that cannot agree (seen once in CI).
-    healthy = healthy and all(get(port, "/jsz").get("streams", 0) >= 6 for port in ports.values())
+    for name, port in ports.items():
+        try:
+            health = get(port, "/healthz").get("status")
+        except Exception as e:  # 503 while not current
+            health = str(e)
+        if health != "ok":
+            why.append(f"{name} /healthz: {health}")
+        # Every node hosts a replica of every stream (R3): a node whose meta state lags holds
+        # fewer, and losing the meta leader then leaves two nodes that cannot agree.
+        streams = get(port, "/jsz").get("streams", 0)
+        if streams < 6:
+            why.append(f"{name} hosts {streams} streams")
     leader = get(8222, "/jsz")["meta_cluster"]["leader"]
     meta = get(ports[leader], "/jsz")["meta_cluster"]
-    current = len(meta["replicas"]) == 2 and all(r["current"] for r in meta["replicas"])
-except Exception:
-    healthy = current = False
-if healthy and current:
+    lagging = [r["name"] for r in meta.get("replicas", []) if not r["current"]]
+    if len(meta.get("replicas", [])) != 2 or lagging:
+        why.append(f"meta leader {leader} sees followers {meta.get('replicas')}")
+except Exception as e:
+    why.append(f"monitoring: {e}")
+if not why:
     print(leader)
-sys.exit(0 if healthy and current else 1)
+elif sys.argv[1:] == ["--why"]:
+    print("compose-check: not settled: " + "; ".join(why), file=sys.stderr)
+sys.exit(0 if not why else 1)
 PY
 }
 lost=""
 for _ in $(seq 120); do lost=$(settled) && break; sleep 0.5; done
-[ -n "$lost" ] || { echo "compose-check: the cluster did not settle within 60 s" >&2; exit 1; }
+[ -n "$lost" ] || { settled --why || true; echo "compose-check: the cluster did not settle within 60 s" >&2; exit 1; }
 echo "+ stopping $lost (the meta leader)"; compose kill "$lost" >/dev/null 2>&1
 run examples/valid/conditional_echo_graph.yaml
 flowmesh streams status || true   # two of three replicas: writable, not healthy

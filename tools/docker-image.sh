@@ -31,7 +31,7 @@ done
 (cd "$work" && { apt-get download -q busybox-static >/dev/null 2>&1 || { apt-get update -qq && apt-get download -q busybox-static; }; })
 dpkg-deb -x "$work"/busybox-static_*.deb "$work/bb"
 cp "$work/bb/bin/busybox" "$root/bin/busybox"
-for applet in sh ls cat echo sleep env; do ln -sf busybox "$root/bin/$applet"; done
+for applet in sh ls cat echo sleep env wget; do ln -sf busybox "$root/bin/$applet"; done
 cp -r "$repo/examples" "$root/flowmesh/examples"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
