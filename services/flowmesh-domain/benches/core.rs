@@ -182,7 +182,7 @@ fn main() {
         let index = FleetIndex::new(&idle);
         let build = started.elapsed();
         let busy_index = FleetIndex::new(&busy);
-        let measure = |index: &FleetIndex<'_>, explained: bool| {
+        let measure = |index: &FleetIndex, explained: bool| {
             let mut k = 0;
             let mut chosen = 0usize;
             let r = rate(budget, || {
@@ -219,9 +219,9 @@ fn main() {
 
     println!("\n## a scheduling round with a backlog, one core (every worker's slots taken)");
     println!(
-        "| workers | waiting tasks | whole rounds/s | µs per waiting task | full walk per task, µs (baseline) | ratio | rounds/s after one event |"
+        "| workers | waiting tasks | whole rounds/s | µs per waiting task | full walk per task, µs (baseline) | ratio | rounds/s after one event | rounds/s after one heartbeat |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     // Single-stage documents of several types and sizes: alike requests, as in a real backlog.
     let kinds: Vec<Vec<u8>> = ["echo", "python", "ppo", "dpo", "lora_sft", "rag", "inference_vllm_a100"]
         .iter()
@@ -251,7 +251,8 @@ fn main() {
         // publish.
         // What the router keeps between rounds: the waiting tasks' requests.
         let mut requests = schedule::Requests::default();
-        let first = schedule::decide_with(&state, &workers, 2_000_000, &config, &mut requests);
+        let mut live = FleetIndex::of(&workers);
+        let first = schedule::decide_with(&state, &mut live, 2_000_000, &config, &mut requests);
         assert_eq!(first.len(), waiting, "every task waits");
         for (k, action) in first.into_iter().enumerate() {
             match action {
@@ -267,7 +268,7 @@ fn main() {
         // A whole round (the router's tick): every running workflow looked at.
         let rounds = rate(round_budget, || {
             requests.touch_all();
-            assert!(schedule::decide_with(black_box(&state), &workers, 2_000_000, &config, &mut requests).is_empty());
+            assert!(schedule::decide_with(black_box(&state), &mut live, 2_000_000, &config, &mut requests).is_empty());
             1
         });
         // A round after one event: only its workflow is looked at while no slot is free.
@@ -278,7 +279,18 @@ fn main() {
         });
         let partial = rate(round_budget, || {
             requests.touch(&touched);
-            assert!(schedule::decide_with(black_box(&state), &workers, 2_000_000, &config, &mut requests).is_empty());
+            assert!(schedule::decide_with(black_box(&state), &mut live, 2_000_000, &config, &mut requests).is_empty());
+            1
+        });
+        // A round after one worker's heartbeat (its snapshot put into the index, as the router
+        // does with each one it receives): nothing else changed.
+        let mut beat = 0;
+        let heartbeat = rate(round_budget, || {
+            let mut snapshot = workers[beat % workers.len()].clone();
+            beat += 1;
+            snapshot.idle_since_ms = Some(beat as u64);
+            live.put(&snapshot);
+            assert!(schedule::decide_with(black_box(&state), &mut live, 2_000_000, &config, &mut requests).is_empty());
             1
         });
         let candidates: Vec<Candidate<'_>> = workers
@@ -301,7 +313,7 @@ fn main() {
         let per_task = 1e6 / rounds / waiting as f64;
         let walk = 1e6 / walks;
         println!(
-            "| {n} | {waiting} | {rounds:.1} | {per_task:.2} | {walk:.2} | {:.3}x | {partial:.0} |",
+            "| {n} | {waiting} | {rounds:.1} | {per_task:.2} | {walk:.2} | {:.3}x | {partial:.0} | {heartbeat:.0} |",
             per_task / walk
         );
     }

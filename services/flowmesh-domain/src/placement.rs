@@ -9,6 +9,7 @@ use crate::validate::{InferenceBackend, inference_backend};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// What a task needs from a worker.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -389,20 +390,40 @@ pub fn place(
     FleetIndex::new(candidates).place_explained(request, stage, task_id, strategy, avoid, now_ms)
 }
 
-/// A fleet prepared for placing many tasks: workers grouped by the task types they serve and
-/// GPU names lower-cased once, so a placement only looks at workers that serve the task's type
-/// (the others are counted, not visited).
-pub struct FleetIndex<'a> {
-    workers: Vec<Indexed<'a>>,
-    by_type: HashMap<&'a str, Vec<usize>>,
+/// The live fleet prepared for placement, and kept between scheduling rounds so that a round
+/// costs what changed, not the size of the fleet: workers sorted by id with their GPU names
+/// lower-cased once, grouped by the task types they serve, ranked per task type and strategy
+/// (built on first use), and counted by free slot (so "is every slot of this kind taken" is a
+/// lookup).
+///
+/// A router `put`s each snapshot it receives for a live worker and `remove`s a worker it no longer
+/// counts live; each round sets the slots in use (`set_usage`) and cordons (`set_flags`) and calls
+/// `prepare` before placing. A snapshot that changes only what varies from heartbeat to heartbeat
+/// (status, load, idle time, warm models, slot totals) is taken in place; a worker that joins,
+/// leaves, or changes the task types it serves, its hardware or its cost rebuilds the grouping,
+/// the rankings and the counts once, in the next `prepare`.
+#[derive(Default)]
+pub struct FleetIndex {
+    workers: Vec<Member>,
+    by_type: HashMap<String, Vec<usize>>,
     /// Per task type and strategy: the serving workers by static score, best first (built on
     /// first use). The static score is everything but the idle bonus and the jitter.
-    rankings: std::cell::RefCell<HashMap<(String, Strategy), std::rc::Rc<Ranking>>>,
-    /// Requests found unplaceable, with their explanation (its message left empty). A backlog of
-    /// alike tasks costs one walk of the fleet, not one each. Still exact after `occupy`: a request
-    /// that had to wait had no eligible worker, and a taken slot is the last check, so it cannot
-    /// change any worker's first exclusion for that request, nor whether it is permanent.
-    unplaceable: std::cell::RefCell<HashMap<RequestKey, Explanation>>,
+    rankings: Mutex<HashMap<(String, Strategy), Arc<Ranking>>>,
+    /// Requests found unplaceable this round, with their explanation (its message left empty). A
+    /// backlog of alike tasks costs one walk of the fleet, not one each. Still exact after
+    /// `occupy`: a request that had to wait had no eligible worker, and a taken slot is the last
+    /// check, so it cannot change any worker's first exclusion for that request, nor whether it is
+    /// permanent. Emptied by `prepare`.
+    unplaceable: Mutex<HashMap<RequestKey, Explanation>>,
+    /// Workers joined, left or changed what they serve since `by_type`, the rankings and the
+    /// counts were built: `prepare` rebuilds them.
+    stale: bool,
+    /// `signature()`, while nothing it digests has changed.
+    signature: OnceLock<u64>,
+    /// Workers that may take work (not cordoned, not draining) with a free (batch, service) slot.
+    free_takers: (usize, usize),
+    /// Per task type: the workers serving it with a free slot of its kind.
+    free_by_type: HashMap<String, usize>,
 }
 
 /// A `Request` made hashable: the CPU count by its bits (requests come from the same parser, so
@@ -446,89 +467,291 @@ struct Ranking {
     by_index: Vec<f64>,
 }
 
-struct Indexed<'a> {
-    candidate: Candidate<'a>,
+/// One worker of the index: its snapshot and what the scheduler knows beyond it.
+struct Member {
+    snapshot: WorkerSnapshot,
     gpu_names: Vec<String>,
+    batch_in_use: u32,
+    service_in_use: u32,
+    cordoned: bool,
+    draining: bool,
 }
 
-impl<'a> FleetIndex<'a> {
-    pub fn new(candidates: &[Candidate<'a>]) -> FleetIndex<'a> {
-        let mut workers: Vec<Indexed<'a>> = candidates
+impl Member {
+    fn new(snapshot: WorkerSnapshot) -> Member {
+        Member {
+            gpu_names: snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect(),
+            snapshot,
+            batch_in_use: 0,
+            service_in_use: 0,
+            cordoned: false,
+            draining: false,
+        }
+    }
+
+    fn candidate(&self) -> Candidate<'_> {
+        Candidate {
+            snapshot: &self.snapshot,
+            batch_in_use: self.batch_in_use,
+            service_in_use: self.service_in_use,
+            cordoned: self.cordoned,
+            draining: self.draining,
+        }
+    }
+
+    /// Not cordoned and not draining.
+    fn takes_work(&self) -> bool {
+        !self.cordoned && !self.draining && self.snapshot.status != WorkerStatus::Draining
+    }
+
+    /// Whether a slot of the kind is free (service slots for services, batch slots otherwise).
+    fn free(&self, service: bool) -> bool {
+        let slots = &self.snapshot.slots;
+        if service { self.service_in_use < slots.service.total } else { self.batch_in_use < slots.batch.total }
+    }
+}
+
+/// The caches behind `&self` are plain maps: a panic while one was held left nothing half-made
+/// that matters (an entry is inserted whole), so a poisoned lock is taken as it is.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether a snapshot change leaves the grouping and the rankings as they are: the same task
+/// types, hardware and cost.
+fn same_shape(a: &WorkerSnapshot, b: &WorkerSnapshot) -> bool {
+    a.supported_task_types == b.supported_task_types
+        && a.hardware == b.hardware
+        && a.cost_per_hour.to_bits() == b.cost_per_hour.to_bits()
+}
+
+/// Whether a snapshot change leaves `FleetIndex::signature` as it is.
+fn same_signature(a: &WorkerSnapshot, b: &WorkerSnapshot) -> bool {
+    a.started_at == b.started_at
+        && a.supported_task_types == b.supported_task_types
+        && a.tags == b.tags
+        && a.executors.len() == b.executors.len()
+        && (a.status == WorkerStatus::Draining) == (b.status == WorkerStatus::Draining)
+}
+
+impl FleetIndex {
+    /// An index of `candidates` (their snapshots copied), ready to place.
+    pub fn new(candidates: &[Candidate<'_>]) -> FleetIndex {
+        let mut workers: Vec<Member> = candidates
             .iter()
-            .map(|c| Indexed {
-                candidate: *c,
-                gpu_names: c.snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect(),
+            .map(|c| Member {
+                batch_in_use: c.batch_in_use,
+                service_in_use: c.service_in_use,
+                cordoned: c.cordoned,
+                draining: c.draining,
+                ..Member::new(c.snapshot.clone())
             })
             .collect();
-        workers.sort_by(|a, b| a.candidate.snapshot.id.cmp(&b.candidate.snapshot.id));
-        let mut by_type: HashMap<&'a str, Vec<usize>> = HashMap::new();
-        for (i, w) in workers.iter().enumerate() {
-            for t in &w.candidate.snapshot.supported_task_types {
-                let list = by_type.entry(t.as_str()).or_default();
+        workers.sort_by(|a, b| a.snapshot.id.cmp(&b.snapshot.id));
+        let mut index = FleetIndex { workers, stale: true, ..FleetIndex::default() };
+        index.prepare();
+        index
+    }
+
+    /// An index of `fleet` with no slot in use, nothing cordoned, ready to place.
+    pub fn of<'s>(fleet: impl IntoIterator<Item = &'s WorkerSnapshot>) -> FleetIndex {
+        let mut index = FleetIndex::default();
+        for snapshot in fleet {
+            index.put(snapshot);
+        }
+        index.prepare();
+        index
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    fn position(&self, worker_id: &str) -> Result<usize, usize> {
+        self.workers.binary_search_by(|m| m.snapshot.id.as_str().cmp(worker_id))
+    }
+
+    pub fn contains(&self, worker_id: &str) -> bool {
+        self.position(worker_id).is_ok()
+    }
+
+    /// The workers as candidates, by id.
+    pub fn candidates(&self) -> impl Iterator<Item = Candidate<'_>> {
+        self.workers.iter().map(Member::candidate)
+    }
+
+    /// Takes in a live worker's snapshot (a new worker, or a newer snapshot of a known one; the
+    /// slots in use and cordons stay as they were set).
+    pub fn put(&mut self, snapshot: &WorkerSnapshot) {
+        match self.position(&snapshot.id) {
+            Ok(i) => {
+                let old = &self.workers[i].snapshot;
+                if !same_signature(old, snapshot) {
+                    self.signature = OnceLock::new();
+                }
+                if same_shape(old, snapshot) {
+                    self.change(i, |m| m.snapshot.clone_from(snapshot));
+                } else {
+                    let m = &mut self.workers[i];
+                    m.snapshot.clone_from(snapshot);
+                    m.gpu_names = snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect();
+                    self.stale = true;
+                }
+            }
+            Err(i) => {
+                self.workers.insert(i, Member::new(snapshot.clone()));
+                self.stale = true;
+                self.signature = OnceLock::new();
+            }
+        }
+    }
+
+    /// Drops a worker that is no longer live.
+    pub fn remove(&mut self, worker_id: &str) {
+        if let Ok(i) = self.position(worker_id) {
+            self.workers.remove(i);
+            self.stale = true;
+            self.signature = OnceLock::new();
+        }
+    }
+
+    /// Sets the slots a worker has in use by the router's count (batch, service).
+    pub fn set_usage(&mut self, worker_id: &str, batch: u32, service: u32) {
+        if let Ok(i) = self.position(worker_id)
+            && (self.workers[i].batch_in_use, self.workers[i].service_in_use) != (batch, service)
+        {
+            self.change(i, |m| (m.batch_in_use, m.service_in_use) = (batch, service));
+        }
+    }
+
+    /// Sets every worker's slots in use from `usage` (absent: none).
+    pub fn set_all_usage(&mut self, usage: impl Fn(&str) -> (u32, u32)) {
+        for i in 0..self.workers.len() {
+            let (batch, service) = usage(&self.workers[i].snapshot.id);
+            if (self.workers[i].batch_in_use, self.workers[i].service_in_use) != (batch, service) {
+                self.change(i, |m| (m.batch_in_use, m.service_in_use) = (batch, service));
+            }
+        }
+    }
+
+    /// Sets every worker's cordon and drain from the sets of ids that have them.
+    pub fn set_flags(&mut self, cordoned: &BTreeSet<String>, draining: &BTreeSet<String>) {
+        for i in 0..self.workers.len() {
+            let id = &self.workers[i].snapshot.id;
+            let flags = (cordoned.contains(id), draining.contains(id));
+            if (self.workers[i].cordoned, self.workers[i].draining) != flags {
+                self.signature = OnceLock::new();
+                self.change(i, |m| (m.cordoned, m.draining) = flags);
+            }
+        }
+    }
+
+    /// Records that a task was just placed on `worker_id`: its slot is taken until the usage is set again.
+    pub fn occupy(&mut self, worker_id: &str, service: bool) {
+        if let Ok(i) = self.position(worker_id) {
+            self.change(i, |m| if service { m.service_in_use += 1 } else { m.batch_in_use += 1 });
+        }
+    }
+
+    /// Readies the index for a round: rebuilds what joins, leaves and changes of shape made stale,
+    /// and forgets the last round's unplaceable requests. Returns whether it rebuilt.
+    pub fn prepare(&mut self) -> bool {
+        self.unplaceable.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
+        if !self.stale {
+            return false;
+        }
+        self.by_type.clear();
+        for (i, m) in self.workers.iter().enumerate() {
+            for t in &m.snapshot.supported_task_types {
+                let list = self.by_type.entry(t.clone()).or_default();
                 if list.last() != Some(&i) {
                     list.push(i);
                 }
             }
         }
-        FleetIndex { workers, by_type, rankings: Default::default(), unplaceable: Default::default() }
+        self.rankings.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
+        self.free_takers = (0, 0);
+        self.free_by_type = self.by_type.keys().map(|t| (t.clone(), 0)).collect();
+        self.stale = false;
+        for i in 0..self.workers.len() {
+            self.count(i, true);
+        }
+        true
+    }
+
+    /// Changes one worker in place, keeping the free-slot counts true.
+    fn change(&mut self, i: usize, f: impl FnOnce(&mut Member)) {
+        self.count(i, false);
+        f(&mut self.workers[i]);
+        self.count(i, true);
+    }
+
+    /// Adds worker `i` to the free-slot counts, or takes it out of them (nothing while stale:
+    /// `prepare` counts afresh).
+    fn count(&mut self, i: usize, add: bool) {
+        if self.stale {
+            return;
+        }
+        let FleetIndex { workers, free_takers, free_by_type, .. } = self;
+        let m = &workers[i];
+        let step = |n: &mut usize| if add { *n += 1 } else { *n -= 1 };
+        if m.takes_work() {
+            if m.free(false) {
+                step(&mut free_takers.0);
+            }
+            if m.free(true) {
+                step(&mut free_takers.1);
+            }
+        }
+        let types = &m.snapshot.supported_task_types;
+        for (k, t) in types.iter().enumerate() {
+            if !types[..k].contains(t)
+                && m.free(uses_service_slot(t))
+                && let Some(n) = free_by_type.get_mut(t.as_str())
+            {
+                step(n);
+            }
+        }
     }
 
     /// Whether every worker that serves `task_type` has all its slots of that kind taken (at
     /// least one serves it): no task of the type can be placed until one frees.
     pub fn full(&self, task_type: &str) -> bool {
-        let service = uses_service_slot(task_type);
-        self.by_type.get(task_type).is_some_and(|serving| {
-            serving.iter().all(|&i| {
-                let c = &self.workers[i].candidate;
-                let (slot, in_use) = if service {
-                    (c.snapshot.slots.service, c.service_in_use)
-                } else {
-                    (c.snapshot.slots.batch, c.batch_in_use)
-                };
-                in_use >= slot.total
-            })
-        })
+        debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
+        self.by_type.get(task_type).is_some_and(|serving| !serving.is_empty())
+            && self.free_by_type.get(task_type).is_none_or(|&n| n == 0)
     }
 
     /// Whether no worker that may take work (not cordoned, not draining) has a slot free of the
     /// kinds asked (batch, service): no task needing one can be placed until one frees.
     pub fn saturated(&self, batch: bool, service: bool) -> bool {
-        self.workers.iter().all(|w| {
-            let c = &w.candidate;
-            let s = c.snapshot;
-            c.cordoned
-                || c.draining
-                || s.status == WorkerStatus::Draining
-                || ((!batch || c.batch_in_use >= s.slots.batch.total)
-                    && (!service || c.service_in_use >= s.slots.service.total))
-        })
+        debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
+        !((batch && self.free_takers.0 > 0) || (service && self.free_takers.1 > 0))
     }
 
     /// A digest of what decides whether a waiting task could be placed, slots aside: each live
     /// worker (by id and start), the task types and executors it serves, its tags, cordon and
     /// drain. Equal digests mean the same fleet for every explanation but "no free slot".
     pub fn signature(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        for w in &self.workers {
-            let (c, s) = (&w.candidate, w.candidate.snapshot);
-            (&s.id, &s.started_at, &s.supported_task_types, &s.tags, s.executors.len()).hash(&mut h);
-            (c.cordoned, c.draining, s.status == WorkerStatus::Draining).hash(&mut h);
-        }
-        h.finish()
-    }
-
-    /// Records that a task was just placed on `worker_id` (its slot is taken until the fleet is rebuilt).
-    pub fn occupy(&mut self, worker_id: &str, service: bool) {
-        if let Ok(i) = self.workers.binary_search_by(|w| w.candidate.snapshot.id.as_str().cmp(worker_id)) {
-            let c = &mut self.workers[i].candidate;
-            if service { c.service_in_use += 1 } else { c.batch_in_use += 1 }
-        }
+        *self.signature.get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for m in &self.workers {
+                let s = &m.snapshot;
+                (&s.id, &s.started_at, &s.supported_task_types, &s.tags, s.executors.len()).hash(&mut h);
+                (m.cordoned, m.draining, s.status == WorkerStatus::Draining).hash(&mut h);
+            }
+            h.finish()
+        })
     }
 
     /// The first exclusion of one worker (in check order) and whether any exclusion is permanent;
     /// `None` when the worker can take the task now. The task type is already known to match.
-    fn check(&self, request: &Request, w: &Indexed<'_>) -> Option<(Exclusion, bool)> {
+    fn check(&self, request: &Request, w: &Member) -> Option<(Exclusion, bool)> {
         let mut first: Option<Exclusion> = None;
         let mut permanent = false;
         let mut note = |e: Exclusion| {
@@ -538,11 +761,11 @@ impl<'a> FleetIndex<'a> {
             }
         };
         if let Some(selected) = &request.selected
-            && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+            && !selected.iter().any(|id| id == &w.snapshot.id)
         {
             note(Exclusion::NotSelected);
         }
-        capacity_checks(request, &w.candidate, &w.gpu_names, &mut note);
+        capacity_checks(request, &w.candidate(), &w.gpu_names, &mut note);
         first.map(|e| (e, permanent))
     }
 
@@ -568,10 +791,8 @@ impl<'a> FleetIndex<'a> {
         // worker outside the selection is reported as such first, as `explain` does.
         if let Some(selected) = &request.selected {
             for w in &self.workers {
-                let serves = serving
-                    .binary_search_by(|&i| self.workers[i].candidate.snapshot.id.cmp(&w.candidate.snapshot.id))
-                    .is_ok();
-                if !selected.iter().any(|id| id == &w.candidate.snapshot.id) {
+                let serves = serving.binary_search_by(|&i| self.workers[i].snapshot.id.cmp(&w.snapshot.id)).is_ok();
+                if !selected.iter().any(|id| id == &w.snapshot.id) {
                     add(Exclusion::NotSelected);
                 } else if !serves {
                     add(Exclusion::TaskType);
@@ -585,7 +806,7 @@ impl<'a> FleetIndex<'a> {
         for &i in serving {
             let w = &self.workers[i];
             if let Some(selected) = &request.selected
-                && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+                && !selected.iter().any(|id| id == &w.snapshot.id)
             {
                 continue;
             }
@@ -622,7 +843,7 @@ impl<'a> FleetIndex<'a> {
         let mut tiers: [Option<Best>; 4] = [None, None, None, None];
         for &i in &eligible {
             let candidate = self.score(i, ranking.by_index[i], strategy, task_id, now_ms);
-            let snapshot = self.workers[i].candidate.snapshot;
+            let snapshot = &self.workers[i].snapshot;
             let warm = request.model.as_deref().is_some_and(|m| snapshot.warm(m).is_some());
             let tier = 2 * usize::from(avoid.contains(&snapshot.id)) + usize::from(!warm);
             if tiers[tier].as_ref().is_none_or(|b| candidate.beats(b)) {
@@ -631,7 +852,7 @@ impl<'a> FleetIndex<'a> {
         }
         match tiers.into_iter().flatten().next() {
             Some(b) => {
-                let snapshot = self.workers[b.index].candidate.snapshot;
+                let snapshot = &self.workers[b.index].snapshot;
                 if let Some(held) = request.model.as_deref().and_then(|m| snapshot.warm(m)) {
                     explanation.message += &format!(
                         "; {} holds {} warm ({}, {})",
@@ -653,7 +874,7 @@ impl<'a> FleetIndex<'a> {
             return false;
         };
         let serving: &[usize] = self.by_type.get(request.task_type.as_str()).map_or(&[], Vec::as_slice);
-        serving.iter().any(|&i| self.workers[i].candidate.snapshot.warm(model).is_some())
+        serving.iter().any(|&i| self.workers[i].snapshot.warm(model).is_some())
     }
 
     /// Places one task, fast: workers serving the type are visited best static score first, and
@@ -670,7 +891,7 @@ impl<'a> FleetIndex<'a> {
         now_ms: u64,
     ) -> Placement {
         // The key is built only once some request waits: placing on a fleet with room allocates nothing.
-        let unplaceable = self.unplaceable.borrow();
+        let unplaceable = lock(&self.unplaceable);
         if !unplaceable.is_empty()
             && let Some(known) = unplaceable.get(&RequestKey::of(request))
         {
@@ -696,7 +917,7 @@ impl<'a> FleetIndex<'a> {
             }
             let w = &self.workers[i];
             if let Some(selected) = &request.selected
-                && !selected.iter().any(|id| id == &w.candidate.snapshot.id)
+                && !selected.iter().any(|id| id == &w.snapshot.id)
             {
                 continue;
             }
@@ -704,7 +925,7 @@ impl<'a> FleetIndex<'a> {
                 continue;
             }
             let candidate = self.score(i, static_score, strategy, task_id, now_ms);
-            let slot = if avoid.contains(&w.candidate.snapshot.id) { &mut best_avoided } else { &mut best };
+            let slot = if avoid.contains(&w.snapshot.id) { &mut best_avoided } else { &mut best };
             if slot.as_ref().is_none_or(|b| candidate.beats(b)) {
                 *slot = Some(candidate);
             }
@@ -714,7 +935,7 @@ impl<'a> FleetIndex<'a> {
         }
         match best.or(best_avoided) {
             Some(b) => Placement::Chosen {
-                worker_id: self.workers[b.index].candidate.snapshot.id.clone(),
+                worker_id: self.workers[b.index].snapshot.id.clone(),
                 score: b.score,
                 explanation: None,
             },
@@ -722,7 +943,7 @@ impl<'a> FleetIndex<'a> {
                 let placement = self.place_explained(request, stage, task_id, strategy, avoid, now_ms);
                 if let Placement::Pending(explanation) = &placement {
                     let known = Explanation { message: String::new(), ..explanation.clone() };
-                    self.unplaceable.borrow_mut().insert(RequestKey::of(request), known);
+                    lock(&self.unplaceable).insert(RequestKey::of(request), known);
                 }
                 placement
             }
@@ -730,13 +951,13 @@ impl<'a> FleetIndex<'a> {
     }
 
     /// The serving workers of `task_type` by static score, best first (ties: lower id first).
-    fn ranking(&self, task_type: &str, strategy: Strategy) -> std::rc::Rc<Ranking> {
+    fn ranking(&self, task_type: &str, strategy: Strategy) -> Arc<Ranking> {
         let key = (task_type.to_owned(), strategy);
-        if let Some(r) = self.rankings.borrow().get(&key) {
+        if let Some(r) = lock(&self.rankings).get(&key) {
             return r.clone();
         }
         let serving: &[usize] = self.by_type.get(task_type).map_or(&[], Vec::as_slice);
-        let snapshot = |i: usize| self.workers[i].candidate.snapshot;
+        let snapshot = |i: usize| &self.workers[i].snapshot;
         let mut ranked: Vec<(f64, usize)> = match strategy {
             // Ids are sorted, so the index order is the id order.
             Strategy::FirstFit => serving.iter().map(|&i| (0.0, i)).collect(),
@@ -758,15 +979,15 @@ impl<'a> FleetIndex<'a> {
         for &(score, i) in &ranked {
             by_index[i] = score;
         }
-        let ranked = std::rc::Rc::new(Ranking { order: ranked, by_index });
-        self.rankings.borrow_mut().insert(key, ranked.clone());
+        let ranked = Arc::new(Ranking { order: ranked, by_index });
+        lock(&self.rankings).insert(key, ranked.clone());
         ranked
     }
 
     /// The full score of worker `i`: its static score plus, for best_fit, the idle bonus and the
     /// deterministic jitter.
     fn score(&self, i: usize, static_score: f64, strategy: Strategy, task_id: &str, now_ms: u64) -> Best {
-        let snap = self.workers[i].candidate.snapshot;
+        let snap = &self.workers[i].snapshot;
         let idle = snap.idle_since_ms.map_or(0, |since| now_ms.saturating_sub(since));
         let score = match strategy {
             Strategy::BestFit => {

@@ -9,13 +9,12 @@ use crate::event::{
     TaskMerged, TaskPending, TaskRef, TaskRequeued, TaskSkipped, WorkflowEnded,
 };
 use crate::fleet::{WorkerSnapshot, uses_service_slot};
-use crate::placement::{self, Candidate, FleetIndex, Placement, Request, Strategy};
+use crate::placement::{self, FleetIndex, Placement, Request, Strategy};
 use crate::state::{State, TaskState, TaskStatus, WorkflowState, WorkflowStatus, WorkflowUpstream};
 use crate::template::{self, lookup};
 use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
 use crate::workflow::condition_text;
-use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,6 +76,13 @@ pub struct Requests {
     fleet: Option<u64>,
     /// By submission sequence: the tasks of each running workflow that hold a worker's slot.
     on_worker: BTreeMap<u64, Vec<Occupant>>,
+    /// The part of `on_worker` with an inference execution that identical requests would follow.
+    with_merge: BTreeSet<u64>,
+    /// Slots in use by worker id (batch, service): `on_worker` counted, kept as it changes.
+    usage: HashMap<String, (u32, u32)>,
+    /// Workers whose count in `usage` changed since the last round, or on which the last round
+    /// placed a task (the index counted that slot itself): the next round sets theirs.
+    usage_changed: HashSet<String>,
     /// Submission sequences of running workflows with a merged task: their leader is another
     /// workflow's, so every round looks at them.
     merged: BTreeSet<u64>,
@@ -116,6 +122,9 @@ impl Default for Requests {
             whole: true,
             fleet: None,
             on_worker: BTreeMap::new(),
+            with_merge: BTreeSet::new(),
+            usage: HashMap::new(),
+            usage_changed: HashSet::new(),
             merged: BTreeSet::new(),
             backlog: BTreeSet::new(),
             leading: BTreeMap::new(),
@@ -145,9 +154,6 @@ struct Hinted {
     message: String,
     fleet: u64,
 }
-
-/// Slots in use by worker id: (batch, service).
-type Usage<'a> = HashMap<&'a str, (u32, u32)>;
 
 /// A task holding a worker's slot.
 #[derive(Debug)]
@@ -192,6 +198,8 @@ impl Requests {
         match touched {
             None => {
                 self.on_worker.clear();
+                self.with_merge.clear();
+                self.usage.clear();
                 self.merged.clear();
                 for wf in state.running_workflows() {
                     self.refresh(wf);
@@ -205,23 +213,44 @@ impl Requests {
         }
     }
 
-    /// Slots in use by worker (batch, service), and the inference executions under way, which
-    /// lead the identical requests that arrive while they run (oldest submission first).
-    fn occupancy(&self) -> (Usage<'_>, HashMap<String, String>) {
-        let mut usage = Usage::new();
+    /// The inference executions under way, which lead the identical requests that arrive while
+    /// they run (oldest submission first).
+    fn leaders(&self) -> HashMap<String, String> {
         let mut leaders = HashMap::new();
-        for occupant in self.on_worker.values().flatten() {
-            let entry = usage.entry(occupant.worker.as_str()).or_default();
-            if occupant.service {
-                entry.1 += 1
-            } else {
-                entry.0 += 1
-            }
-            if let Some(key) = &occupant.merge {
-                leaders.entry(key.clone()).or_insert_with(|| occupant.task_id.clone());
+        for seq in &self.with_merge {
+            for occupant in &self.on_worker[seq] {
+                if let Some(key) = &occupant.merge {
+                    leaders.entry(key.clone()).or_insert_with(|| occupant.task_id.clone());
+                }
             }
         }
-        (usage, leaders)
+        leaders
+    }
+
+    /// Counts the slots `occupants` hold in `usage` (`add`), or stops counting them.
+    fn count(&mut self, occupants: &[Occupant], add: bool) {
+        for occupant in occupants {
+            let entry = self.usage.entry(occupant.worker.clone()).or_default();
+            let n = if occupant.service { &mut entry.1 } else { &mut entry.0 };
+            *n = if add { *n + 1 } else { n.saturating_sub(1) };
+            if *entry == (0, 0) {
+                self.usage.remove(&occupant.worker);
+            }
+            self.usage_changed.insert(occupant.worker.clone());
+        }
+    }
+
+    /// Sets the index's slots in use: every worker's (`all`), or those whose count changed.
+    fn sync_usage(&mut self, index: &mut FleetIndex, all: bool) {
+        if all {
+            index.set_all_usage(|id| self.usage.get(id).copied().unwrap_or_default());
+            self.usage_changed.clear();
+        } else {
+            for id in self.usage_changed.drain() {
+                let (batch, service) = self.usage.get(&id).copied().unwrap_or_default();
+                index.set_usage(&id, batch, service);
+            }
+        }
     }
 
     /// After a round that looked at everything: drops what it remembered of tasks that stopped
@@ -265,9 +294,16 @@ impl Requests {
         } else {
             Vec::new()
         };
-        if occupants.is_empty() {
-            self.on_worker.remove(&seq);
+        if let Some(old) = self.on_worker.remove(&seq) {
+            self.count(&old, false);
+        }
+        self.count(&occupants, true);
+        if occupants.iter().any(|o| o.merge.is_some()) {
+            self.with_merge.insert(seq);
         } else {
+            self.with_merge.remove(&seq);
+        }
+        if !occupants.is_empty() {
             self.on_worker.insert(seq, occupants);
         }
         if running && wf.tasks.iter().any(|t| t.status == TaskStatus::Merged) {
@@ -345,58 +381,48 @@ impl Requests {
 
 /// Decides the next actions. `fleet` holds the live workers only; `now_ms` is unix ms.
 pub fn decide(state: &State, fleet: &[WorkerSnapshot], now_ms: u64, config: &Config) -> Vec<Action> {
-    decide_with(state, fleet, now_ms, config, &mut Requests::default())
+    decide_with(state, &mut FleetIndex::of(fleet), now_ms, config, &mut Requests::default())
 }
 
 /// `decide`, remembering between rounds in `requests` what a router remembers (see `Requests`):
 /// a round decides what a walk of every running workflow would, looking only where something
 /// may have changed. Every event folded into `state` since the last round must have been
-/// `touch`ed. `fleet` may hold the snapshots or references to them (a router need not copy its
-/// fleet).
-pub fn decide_with<W: Borrow<WorkerSnapshot>>(
+/// `touch`ed. `fleet` is the live fleet, kept by the caller from round to round (a worker `put`
+/// as its snapshots arrive, `remove`d once it is not live): the round sets its slots in use and
+/// cordons itself, and otherwise costs nothing per worker.
+pub fn decide_with(
     state: &State,
-    fleet: &[W],
+    fleet: &mut FleetIndex,
     now_ms: u64,
     config: &Config,
     requests: &mut Requests,
 ) -> Vec<Action> {
-    let fleet: Vec<&WorkerSnapshot> = fleet.iter().map(Borrow::borrow).collect();
     requests.round += 1;
     let mut whole = std::mem::take(&mut requests.whole);
     let touched = std::mem::take(&mut requests.touched);
     requests.refresh_slots(state, (!whole).then_some(&touched));
-    let (usage, mut leaders) = requests.occupancy();
-    let live: HashMap<&str, &WorkerSnapshot> = fleet.iter().map(|w| (w.id.as_str(), *w)).collect();
-    let candidates: Vec<Candidate<'_>> = fleet
-        .iter()
-        .map(|&w| {
-            let (batch, service) = usage.get(w.id.as_str()).copied().unwrap_or_default();
-            Candidate {
-                snapshot: w,
-                batch_in_use: batch,
-                service_in_use: service,
-                cordoned: state.cordoned.contains(&w.id),
-                draining: state.draining.contains(&w.id),
-            }
-        })
-        .collect();
-    // Built once per round: every waiting task is placed against the same index.
-    let mut index = FleetIndex::new(&candidates);
-    let signature = index.signature();
+    // Cordons and drains change only through events about the fleet, which make a whole round;
+    // a worker new to the index (a rebuild) gets its own here too.
+    if fleet.prepare() || whole {
+        fleet.set_flags(&state.cordoned, &state.draining);
+    }
+    let signature = fleet.signature();
     // Another fleet can change what every waiting task may do, and lose a running task's worker.
     whole |= requests.fleet.replace(signature) != Some(signature);
-    let round = Round { state, live: &live, now_ms, config, fleet: signature };
-    let mut walk = Walk { round: &round, index: &mut index, leaders: &mut leaders, actions: Vec::new() };
+    requests.sync_usage(fleet, whole);
+    let mut leaders = requests.leaders();
+    let round = Round { state, now_ms, config, fleet: signature };
+    let mut walk = Walk { round: &round, index: fleet, leaders: &mut leaders, actions: Vec::new() };
     let visited = if whole { walk.everything(requests) } else { walk.changed(requests, &touched) };
     let mut actions = walk.actions;
-    actions.extend(prewarm_hints(state, &visited, &candidates));
+    actions.extend(prewarm_hints(state, &visited, fleet));
     actions
 }
 
 /// One round's decisions as they are made, workflow by workflow.
 struct Walk<'r, 'i> {
     round: &'r Round<'r>,
-    index: &'r mut FleetIndex<'i>,
+    index: &'i mut FleetIndex,
     /// Merge key → the task that leads identical inference requests.
     leaders: &'r mut HashMap<String, String>,
     actions: Vec<Action>,
@@ -491,7 +517,7 @@ impl<'r> Walk<'r, '_> {
 /// stages end, which no live worker holds warm, gets one idle worker that could run it asked to
 /// load the model now (`worker.prewarm_requested`, once per model; the lowest id among idle
 /// workers that pass every permanent rule).
-fn prewarm_hints(state: &State, running: &[&WorkflowState], candidates: &[Candidate<'_>]) -> Vec<Action> {
+fn prewarm_hints(state: &State, running: &[&WorkflowState], fleet: &FleetIndex) -> Vec<Action> {
     let mut asked: HashSet<String> = HashSet::new();
     let mut out = Vec::new();
     for wf in running {
@@ -507,12 +533,12 @@ fn prewarm_hints(state: &State, running: &[&WorkflowState], candidates: &[Candid
             let Some(model) = request.model.clone() else { continue };
             if state.prewarm_requested.contains(&model)
                 || asked.contains(&model)
-                || candidates.iter().any(|c| c.snapshot.warm(&model).is_some())
+                || fleet.candidates().any(|c| c.snapshot.warm(&model).is_some())
             {
                 continue;
             }
-            let idle = candidates
-                .iter()
+            let idle = fleet
+                .candidates()
                 .filter(|c| c.snapshot.status == crate::fleet::WorkerStatus::Idle && c.batch_in_use == 0)
                 .filter(|c| placement::explain(&request, c).is_empty())
                 .min_by(|a, b| a.snapshot.id.cmp(&b.snapshot.id));
@@ -531,7 +557,6 @@ fn prewarm_hints(state: &State, running: &[&WorkflowState], candidates: &[Candid
 /// What every decision of one round shares.
 struct Round<'a> {
     state: &'a State,
-    live: &'a HashMap<&'a str, &'a WorkerSnapshot>,
     now_ms: u64,
     config: &'a Config,
     /// The fleet's `FleetIndex::signature` this round.
@@ -615,12 +640,11 @@ fn decide_merged(wf: &WorkflowState, t: &TaskState, tref: TaskRef, state: &State
 fn decide_workflow(
     wf: &WorkflowState,
     round: &Round<'_>,
-    index: &mut FleetIndex<'_>,
+    index: &mut FleetIndex,
     requests: &mut Requests,
     leaders: &mut HashMap<String, String>,
     actions: &mut Vec<Action>,
 ) {
-    let live = round.live;
     let ends_before = actions.len();
     for t in &wf.tasks {
         // Built only for an action: a backlog's waiting tasks mostly produce none.
@@ -636,7 +660,7 @@ fn decide_workflow(
             }
             TaskStatus::Dispatched | TaskStatus::Running => {
                 let worker = t.worker_id.as_deref().unwrap_or_default();
-                if live.contains_key(worker) {
+                if index.contains(worker) {
                     continue;
                 }
                 let body = if t.cancel_requested {
@@ -671,6 +695,7 @@ fn decide_workflow(
                 if let Some(action) = decide_waiting(wf, t, index, round, requests, leaders) {
                     if let Action::Dispatch { event, .. } = &action {
                         index.occupy(&event.worker_id, uses_service_slot(&t.def.task_type));
+                        requests.usage_changed.insert(event.worker_id.clone());
                     }
                     actions.push(action);
                 }
@@ -706,7 +731,7 @@ fn decide_workflow(
 fn decide_waiting(
     wf: &WorkflowState,
     t: &TaskState,
-    index: &FleetIndex<'_>,
+    index: &FleetIndex,
     round: &Round<'_>,
     requests: &mut Requests,
     leaders: &mut HashMap<String, String>,

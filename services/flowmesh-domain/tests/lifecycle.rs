@@ -8,6 +8,7 @@ use flowmesh_domain::event::{
 mod common;
 
 use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::placement::FleetIndex;
 use flowmesh_domain::schedule::{Action, Config, Requests, decide, decide_with};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
@@ -28,8 +29,9 @@ struct Scenario {
     now: u64,
     config: Config,
     log: Vec<Event>,
-    /// What a router keeps between rounds.
+    /// What a router keeps between rounds: its requests and its index of the live fleet.
     requests: Requests,
+    index: FleetIndex,
     /// The busy explanations sent as hints (never stored), in order.
     hints: Vec<TaskPending>,
     /// `now` at the last round.
@@ -46,6 +48,7 @@ impl Scenario {
             config: Config { no_worker_grace_ms: 60_000, ..Default::default() },
             log: Vec::new(),
             requests: Requests::default(),
+            index: FleetIndex::default(),
             hints: Vec::new(),
             routed_at: None,
         };
@@ -80,7 +83,20 @@ impl Scenario {
             self.requests.touch_all();
             self.routed_at = Some(self.now);
         }
-        let actions = decide_with(&self.state, &self.fleet, self.now, &self.config, &mut self.requests);
+        // The index follows the fleet as a router's does: every snapshot put, the gone removed.
+        let gone: Vec<String> = self
+            .index
+            .candidates()
+            .map(|c| c.snapshot.id.clone())
+            .filter(|id| !self.fleet.iter().any(|w| &w.id == id))
+            .collect();
+        for id in gone {
+            self.index.remove(&id);
+        }
+        for w in &self.fleet {
+            self.index.put(w);
+        }
+        let actions = decide_with(&self.state, &mut self.index, self.now, &self.config, &mut self.requests);
         // Hints are sent once per explanation, so only a fresh router repeats them.
         let decisions = |actions: &[Action]| -> Vec<Action> {
             actions.iter().filter(|a| !matches!(a, Action::Hint(_))).cloned().collect()

@@ -342,6 +342,130 @@ fn a_remembered_explanation_is_what_a_fresh_walk_says() {
     assert!(remembered > 100 && waited > remembered, "{remembered} remembered of {waited} waits");
 }
 
+/// An index kept between rounds (snapshots put as they change, workers removed and coming back,
+/// slots in use and cordons set) answers every question exactly as an index built afresh from
+/// the same fleet: where each request goes and why it waits, whether a type is full, whether the
+/// fleet is saturated, and the fleet's signature.
+#[test]
+fn an_index_kept_between_rounds_answers_as_one_built_afresh() {
+    use flowmesh_domain::fleet::WorkerStatus;
+    use flowmesh_domain::placement::FleetIndex;
+    let mut next = xorshift(0xD1B54A32D192ED03);
+    let types = ["echo", "sft", "inference", "serve"];
+    let none = BTreeSet::new();
+    let (mut rebuilt, mut kept) = (0, 0);
+    for run in 0..20 {
+        let mut fleet = random_fleet(&mut next, &types);
+        let mut away: Vec<WorkerSnapshot> = Vec::new();
+        // (batch, service) in use, cordoned, draining: by worker id.
+        let mut usage: std::collections::BTreeMap<String, (u32, u32)> = Default::default();
+        let (mut cordoned, mut draining) = (BTreeSet::new(), BTreeSet::new());
+        let mut index = FleetIndex::of(&fleet);
+        for step in 0..150 {
+            let i = next(fleet.len().max(1) as u64) as usize;
+            match next(8) {
+                // A heartbeat: status, idle time, slot totals, warm models.
+                0 | 1 if !fleet.is_empty() => {
+                    let w = &mut fleet[i];
+                    match next(4) {
+                        0 => {
+                            w.status =
+                                [WorkerStatus::Idle, WorkerStatus::Busy, WorkerStatus::Draining][next(3) as usize]
+                        }
+                        1 => w.slots.batch.total = next(4) as u32,
+                        2 => w.slots.service.total = next(2) as u32,
+                        _ => w.idle_since_ms = Some(next(7_200_000)),
+                    }
+                    index.put(&fleet[i]);
+                }
+                // A new incarnation with other hardware, types or cost.
+                2 if !fleet.is_empty() => {
+                    let w = &mut fleet[i];
+                    match next(3) {
+                        0 => w.hardware.cpu_cores = [4, 8, 32][next(3) as usize],
+                        1 => {
+                            w.supported_task_types =
+                                types.iter().filter(|_| next(2) == 0).map(|t| t.to_string()).collect()
+                        }
+                        _ => w.cost_per_hour = 1.0 + next(5) as f64,
+                    }
+                    w.started_at = format!("restart-{step}");
+                    index.put(&fleet[i]);
+                }
+                3 if !fleet.is_empty() => {
+                    let w = fleet.remove(i);
+                    index.remove(&w.id);
+                    away.push(w);
+                }
+                4 if !away.is_empty() => {
+                    // Back with the slots the router counts for it (as `decide_with` sets them).
+                    let w = away.swap_remove(next(away.len() as u64) as usize);
+                    index.put(&w);
+                    let (b, s) = usage.get(&w.id).copied().unwrap_or_default();
+                    index.set_usage(&w.id, b, s);
+                    fleet.push(w);
+                }
+                5 if !fleet.is_empty() => {
+                    let id = fleet[i].id.clone();
+                    usage.insert(id.clone(), (next(4) as u32, next(2) as u32));
+                    let (b, s) = usage[&id];
+                    index.set_usage(&id, b, s);
+                }
+                6 if !fleet.is_empty() => {
+                    let id = fleet[i].id.clone();
+                    for set in [&mut cordoned, &mut draining] {
+                        if next(3) == 0 && !set.remove(&id) {
+                            set.insert(id.clone());
+                        }
+                    }
+                    index.set_flags(&cordoned, &draining);
+                }
+                _ => {}
+            }
+            if index.prepare() {
+                // A rebuilt index gets the cordons again (as `decide_with` does): a worker back
+                // in the fleet may be cordoned.
+                index.set_flags(&cordoned, &draining);
+                rebuilt += 1;
+            } else {
+                kept += 1;
+            }
+            fleet.sort_by(|a, b| a.id.cmp(&b.id));
+            let candidates: Vec<Candidate<'_>> = fleet
+                .iter()
+                .map(|w| {
+                    let (batch_in_use, service_in_use) = usage.get(&w.id).copied().unwrap_or_default();
+                    Candidate {
+                        snapshot: w,
+                        batch_in_use,
+                        service_in_use,
+                        cordoned: cordoned.contains(&w.id),
+                        draining: draining.contains(&w.id),
+                    }
+                })
+                .collect();
+            let fresh = FleetIndex::new(&candidates);
+            let at = format!("run {run}, step {step}");
+            assert_eq!(index.signature(), fresh.signature(), "{at}: signature");
+            for (batch, service) in [(true, false), (false, true), (true, true)] {
+                assert_eq!(index.saturated(batch, service), fresh.saturated(batch, service), "{at}: saturated");
+            }
+            for t in types {
+                assert_eq!(index.full(t), fresh.full(t), "{at}: {t} full");
+                let request = random_request(&mut next, t);
+                let task = format!("wf-{run}-{step}");
+                for strategy in [Strategy::BestFit, Strategy::MinSatisfying] {
+                    let got = index.place(&request, "s", &task, strategy, &none, 7_200_000);
+                    let want = fresh.place(&request, "s", &task, strategy, &none, 7_200_000);
+                    assert_eq!(got, want, "{at}: {t} {strategy:?}");
+                }
+            }
+        }
+    }
+    // Both paths ran many times: changes taken in place, and rebuilds.
+    assert!(kept > 1000 && rebuilt > 300, "{kept} kept, {rebuilt} rebuilt");
+}
+
 #[test]
 fn worker_tags_select_and_are_explained_like_any_other_reason() {
     let tagged = |id: &str, tags: &[&str]| {

@@ -2,14 +2,18 @@
 //! workflows an event touched, merged tasks, and the backlog while a slot is free. Here a busy
 //! fleet takes a long, seeded run of submissions (batch tasks, identical inference requests,
 //! services, a task no worker can run), completions, failures, cancels, lost and returning
-//! workers and passing time, and every round must decide exactly what a walk of every running
-//! workflow (`decide`, with nothing remembered) decides.
+//! workers, heartbeats that change a worker's snapshot, cordons and passing time, and every round
+//! must decide exactly what a walk of every running workflow over a fleet indexed afresh
+//! (`decide`, with nothing remembered) decides. The remembering router keeps its `FleetIndex`
+//! between rounds and feeds it as the router does: a snapshot `put` as it arrives, a worker
+//! `remove`d when it goes.
 
 use flowmesh_domain::event::{
     Event, EventBody, FailureReason, SubmissionAccepted, SubmissionRef, TaskCancelRequested, TaskCompleted, TaskFailed,
-    TaskRef,
+    TaskRef, WorkerCordon,
 };
-use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::fleet::{WorkerSnapshot, WorkerStatus};
+use flowmesh_domain::placement::FleetIndex;
 use flowmesh_domain::schedule::{Action, Config, Requests, decide, decide_with};
 use flowmesh_domain::state::State;
 use flowmesh_domain::validate_submission;
@@ -85,6 +89,8 @@ struct Run {
     state: State,
     requests: Requests,
     fleet: Vec<WorkerSnapshot>,
+    /// The remembering router's index of `fleet`, kept between rounds.
+    index: FleetIndex,
     /// Workers taken out of the fleet, to come back later.
     away: Vec<WorkerSnapshot>,
     now: u64,
@@ -134,7 +140,7 @@ impl Run {
 
     /// One round: the remembering router's decisions must be a full walk's; they are folded in.
     fn route(&mut self) {
-        let actions = decide_with(&self.state, &self.fleet, self.now, &self.config, &mut self.requests);
+        let actions = decide_with(&self.state, &mut self.index, self.now, &self.config, &mut self.requests);
         let decisions = |actions: &[Action]| -> Vec<Action> {
             actions.iter().filter(|a| !matches!(a, Action::Hint(_))).cloned().collect()
         };
@@ -197,10 +203,12 @@ impl Run {
             }
             15 if self.fleet.len() > 1 => {
                 let worker = self.fleet.remove(rng.below(self.fleet.len()));
+                self.index.remove(&worker.id);
                 self.away.push(worker);
             }
             16 if !self.away.is_empty() => {
                 let worker = self.away.remove(0);
+                self.index.put(&worker);
                 self.fleet.push(worker);
             }
             17 => {
@@ -208,6 +216,31 @@ impl Run {
                 self.now += 25_000;
                 self.state.forget_ended();
                 self.requests.touch_all();
+            }
+            18 if !self.fleet.is_empty() => {
+                // A heartbeat: what changes from one snapshot to the next (slots, status, idle
+                // time), now and then the hardware (a rebuild of the rankings).
+                let i = rng.below(self.fleet.len());
+                let w = &mut self.fleet[i];
+                match rng.below(5) {
+                    0 => w.slots.batch.total = 1 + w.slots.batch.total % 3,
+                    1 => {
+                        w.status =
+                            if w.status == WorkerStatus::Draining { WorkerStatus::Idle } else { WorkerStatus::Draining }
+                    }
+                    2 => w.hardware.memory_bytes ^= 1 << 30,
+                    _ => w.idle_since_ms = Some(self.now - rng.below(60_000) as u64),
+                }
+                self.index.put(&self.fleet[i]);
+            }
+            19 => {
+                // An operator cordons a worker, or uncordons it (which also ends a drain).
+                let worker_id = format!("w{}", 1 + rng.below(3));
+                self.apply(match rng.below(5) {
+                    0 => EventBody::WorkerCordoned(WorkerCordon { worker_id }),
+                    1 => EventBody::WorkerDrainRequested(WorkerCordon { worker_id }),
+                    _ => EventBody::WorkerUncordoned(WorkerCordon { worker_id }),
+                });
             }
             _ => {}
         }
@@ -222,6 +255,7 @@ fn a_round_that_looks_only_where_something_changed_decides_what_a_full_walk_deci
             state: State::default(),
             requests: Requests::default(),
             fleet: fleet(),
+            index: FleetIndex::of(&fleet()),
             away: Vec::new(),
             now: 1_000_000,
             config: Config { no_worker_grace_ms: 60_000, ..Default::default() },
@@ -237,6 +271,7 @@ fn a_round_that_looks_only_where_something_changed_decides_what_a_full_walk_deci
             run.route();
         }
         // The run was a busy one: a backlog formed and drained through freed slots.
+        println!("seed {seed}: {} rounds, {} dispatches, {} busy explanations", run.rounds, run.dispatched, run.hints);
         assert!(run.dispatched > 150, "seed {seed}: only {} dispatches", run.dispatched);
         assert!(run.hints > 20, "seed {seed}: only {} busy explanations", run.hints);
     }

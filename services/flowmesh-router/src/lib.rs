@@ -9,13 +9,13 @@ mod secrets;
 use async_nats::jetstream::{self, consumer, kv};
 use flowmesh_domain::event::{Author, WorkerJoined, WorkerLost};
 use flowmesh_domain::fleet::WorkerSnapshot;
-use flowmesh_domain::placement::Strategy;
+use flowmesh_domain::placement::{FleetIndex, Strategy};
 use flowmesh_domain::schedule::{self, Action};
 use flowmesh_domain::state::{State, TaskStatus};
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::{EdgeError, Handles, Shutdown, clock, publish, subjects};
 use futures_util::{FutureExt, StreamExt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -83,6 +83,19 @@ struct Seen {
     revision: u64,
     /// Deleted from the bucket: the worker left.
     left: bool,
+    /// The live fleet's index holds this snapshot.
+    indexed: bool,
+}
+
+impl Seen {
+    /// A worker is live while its last snapshot is younger than its TTL, its age counted at the
+    /// earliest from `contact_since_ms`, when the router last regained contact with NATS: while
+    /// the router could not hear anyone, no worker could be heard, and that silence is no
+    /// worker's fault.
+    fn is_live(&self, now_ms: u64, contact_since_ms: u64) -> bool {
+        let heard = self.updated_ms.max(contact_since_ms);
+        !self.left && now_ms.saturating_sub(heard) <= self.snapshot.ttl_sec * 1000
+    }
 }
 
 struct Router {
@@ -91,6 +104,12 @@ struct Router {
     client: async_nats::Client,
     state: State,
     fleet: BTreeMap<String, Seen>,
+    /// The live part of `fleet`, as placement reads it; kept between rounds.
+    live: FleetIndex,
+    /// Workers whose snapshot arrived or left since the last round looked at them.
+    fleet_changed: BTreeSet<String>,
+    /// The next round looks at every worker (liveness runs out with time: on the tick).
+    scan_all: bool,
     /// The stream sequence the fold must reach before the router may act.
     target_seq: u64,
     leader: bool,
@@ -146,6 +165,9 @@ pub async fn run(
         client,
         state,
         fleet: BTreeMap::new(),
+        live: FleetIndex::default(),
+        fleet_changed: BTreeSet::new(),
+        scan_all: true,
         target_seq: last,
         leader: false,
         resent_after_takeover: false,
@@ -203,6 +225,7 @@ pub async fn run(
                 router.state.forget_ended();
                 // Time-based rules (grace periods) are looked at in a whole round each tick.
                 router.requests.touch_all();
+                router.scan_all = true;
                 status.set(router.status());
                 router.resend_cancels().await;
                 if let Some(c) = checkpoint.as_mut()
@@ -267,8 +290,9 @@ impl Router {
                 Ok(snapshot) => {
                     self.fleet.insert(
                         entry.key.clone(),
-                        Seen { snapshot, updated_ms, revision: entry.revision, left: false },
+                        Seen { snapshot, updated_ms, revision: entry.revision, left: false, indexed: false },
                     );
+                    self.fleet_changed.insert(entry.key);
                 }
                 Err(e) => {
                     warn!(key = %entry.key, error = %e, "unreadable worker snapshot; ignoring it")
@@ -278,6 +302,7 @@ impl Router {
                 if let Some(seen) = self.fleet.get_mut(&entry.key) {
                     seen.left = true;
                     seen.revision = entry.revision;
+                    self.fleet_changed.insert(entry.key);
                 }
             }
         }
@@ -293,7 +318,7 @@ impl Router {
             .flat_map(|w| w.tasks.iter())
             .filter(|t| t.status == TaskStatus::Pending)
             .count();
-        let live = self.fleet.values().filter(|s| self.is_live(s, now)).count();
+        let live = self.fleet.values().filter(|s| s.is_live(now, self.contact_since_ms)).count();
         metrics::gauge!("flowmesh_router_leader").set(if self.leader { 1.0 } else { 0.0 });
         metrics::gauge!("flowmesh_tasks_pending").set(pending as f64);
         metrics::gauge!("flowmesh_workflows_running").set(running as f64);
@@ -314,16 +339,8 @@ impl Router {
         self.state.last_seq >= self.target_seq
     }
 
-    /// A worker is live while its last snapshot is younger than its TTL, its age counted at the
-    /// earliest from when this router last regained contact with NATS: while the router could not
-    /// hear anyone, no worker could be heard, and that silence is no worker's fault.
-    fn is_live(&self, seen: &Seen, now_ms: u64) -> bool {
-        let heard = seen.updated_ms.max(self.contact_since_ms);
-        !seen.left && now_ms.saturating_sub(heard) <= seen.snapshot.ttl_sec * 1000
-    }
-
     /// Notes whether the router can reach NATS now; regaining contact starts every worker's
-    /// grace period (`is_live`).
+    /// grace period (`Seen::is_live`).
     fn note_contact(&mut self, connected: bool) {
         if !connected {
             self.out_of_contact = true;
@@ -406,12 +423,18 @@ impl Router {
             return Ok(());
         }
         let now = clock::now_ms();
-        // Fleet changes first: they change what the scheduler may do.
+        // Fleet changes first: they change what the scheduler may do. Every worker is looked at
+        // on the tick (a snapshot ages out with time); in between, those whose snapshot arrived.
         let mut fleet_events = Vec::new();
-        for (id, seen) in &self.fleet {
+        let Router { fleet, live, state, fleet_changed, contact_since_ms, .. } = self;
+        let mut look = |id: &String, seen: &mut Seen| {
             let incarnation = &seen.snapshot.started_at;
-            if self.is_live(seen, now) {
-                if self.state.joined_workers.get(id) != Some(incarnation) {
+            if seen.is_live(now, *contact_since_ms) {
+                if !seen.indexed {
+                    live.put(&seen.snapshot);
+                    seen.indexed = true;
+                }
+                if state.joined_workers.get(id) != Some(incarnation) {
                     fleet_events.push(EventBody::WorkerJoined(WorkerJoined {
                         worker_id: id.clone(),
                         started_at: incarnation.clone(),
@@ -420,34 +443,49 @@ impl Router {
                         simulated: seen.snapshot.simulated,
                     }));
                 }
-            } else if self.state.joined_workers.get(id) == Some(incarnation)
-                && self.state.lost_workers.get(id) != Some(incarnation)
-            {
-                let reason = if seen.left {
-                    "left the fleet".to_owned()
-                } else {
-                    format!(
-                        "no heartbeat for {}s (ttl {}s)",
-                        now.saturating_sub(seen.updated_ms) / 1000,
-                        seen.snapshot.ttl_sec
-                    )
-                };
-                fleet_events.push(EventBody::WorkerLost(WorkerLost {
-                    worker_id: id.clone(),
-                    started_at: incarnation.clone(),
-                    reason,
-                }));
+            } else {
+                live.remove(id);
+                seen.indexed = false;
+                if state.joined_workers.get(id) == Some(incarnation) && state.lost_workers.get(id) != Some(incarnation)
+                {
+                    let reason = if seen.left {
+                        "left the fleet".to_owned()
+                    } else {
+                        format!(
+                            "no heartbeat for {}s (ttl {}s)",
+                            now.saturating_sub(seen.updated_ms) / 1000,
+                            seen.snapshot.ttl_sec
+                        )
+                    };
+                    fleet_events.push(EventBody::WorkerLost(WorkerLost {
+                        worker_id: id.clone(),
+                        started_at: incarnation.clone(),
+                        reason,
+                    }));
+                }
+            }
+        };
+        if std::mem::take(&mut self.scan_all) {
+            fleet_changed.clear();
+            for (id, seen) in fleet.iter_mut() {
+                look(id, seen);
+            }
+        } else {
+            for id in std::mem::take(fleet_changed) {
+                if let Some(seen) = fleet.get_mut(&id) {
+                    look(&id, seen);
+                }
             }
         }
+        // Not yet stored, they are found again on the next tick.
         self.publish_all(fleet_events).await?;
-        let live: Vec<&WorkerSnapshot> =
-            self.fleet.values().filter(|s| self.is_live(s, now)).map(|s| &s.snapshot).collect();
         if !self.resent_after_takeover {
             self.resend_dispatched().await?;
             self.resent_after_takeover = true;
         }
         let deciding = std::time::Instant::now();
-        let actions = schedule::decide_with(&self.state, &live, now, &self.config.schedule, &mut self.requests);
+        let actions =
+            schedule::decide_with(&self.state, &mut self.live, now, &self.config.schedule, &mut self.requests);
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
         // A round's events first, all in flight at once. A dispatch carries its task's work
         // order, so the worker runs nothing the log does not show; an order that holds a secret
