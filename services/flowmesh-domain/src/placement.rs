@@ -667,19 +667,27 @@ impl FleetIndex {
         self.by_type.clear();
         for (i, m) in self.workers.iter().enumerate() {
             for t in &m.snapshot.supported_task_types {
-                let list = self.by_type.entry(t.clone()).or_default();
-                if list.last() != Some(&i) {
-                    list.push(i);
+                match self.by_type.get_mut(t.as_str()) {
+                    Some(list) if list.last() == Some(&i) => {}
+                    Some(list) => list.push(i),
+                    None => {
+                        self.by_type.insert(t.clone(), vec![i]);
+                    }
                 }
             }
         }
         self.rankings.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
-        self.free_takers = (0, 0);
-        self.free_by_type = self.by_type.keys().map(|t| (t.clone(), 0)).collect();
+        let takers = self.workers.iter().filter(|m| m.takes_work());
+        self.free_takers =
+            takers.fold((0, 0), |(b, s), m| (b + usize::from(m.free(false)), s + usize::from(m.free(true))));
+        let workers = &self.workers;
+        self.free_by_type = (self.by_type.iter())
+            .map(|(t, serving)| {
+                let service = uses_service_slot(t);
+                (t.clone(), serving.iter().filter(|&&i| workers[i].free(service)).count())
+            })
+            .collect();
         self.stale = false;
-        for i in 0..self.workers.len() {
-            self.count(i, true);
-        }
         true
     }
 

@@ -213,7 +213,14 @@ pub async fn run(
                 None => anyhow::bail!("the event stream consumer ended"),
             },
             next = watch.next() => match next {
-                Some(Ok(entry)) => router.observe(entry, clock::now_ms()),
+                Some(Ok(entry)) => {
+                    let now = clock::now_ms();
+                    router.observe(entry, now);
+                    // Take every snapshot that has already arrived, then decide once for all.
+                    while let Some(Some(Ok(entry))) = watch.next().now_or_never() {
+                        router.observe(entry, now);
+                    }
+                }
                 Some(Err(e)) => { warn!(error = %e, "fleet watch interrupted"); continue; }
                 None => anyhow::bail!("the fleet watch ended"),
             },
