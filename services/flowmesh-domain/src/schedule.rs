@@ -230,13 +230,20 @@ impl Requests {
     /// Counts the slots `occupants` hold in `usage` (`add`), or stops counting them.
     fn count(&mut self, occupants: &[Occupant], add: bool) {
         for occupant in occupants {
-            let entry = self.usage.entry(occupant.worker.clone()).or_default();
+            let worker = occupant.worker.as_str();
+            // Looked up by `&str` first: a worker's id is copied only when it enters a map.
+            let entry = match self.usage.get_mut(worker) {
+                Some(entry) => entry,
+                None => self.usage.entry(worker.to_owned()).or_default(),
+            };
             let n = if occupant.service { &mut entry.1 } else { &mut entry.0 };
             *n = if add { *n + 1 } else { n.saturating_sub(1) };
             if *entry == (0, 0) {
-                self.usage.remove(&occupant.worker);
+                self.usage.remove(worker);
             }
-            self.usage_changed.insert(occupant.worker.clone());
+            if !self.usage_changed.contains(worker) {
+                self.usage_changed.insert(worker.to_owned());
+            }
         }
     }
 
