@@ -408,15 +408,17 @@ pub fn decide_with(
     let mut whole = std::mem::take(&mut requests.whole);
     let touched = std::mem::take(&mut requests.touched);
     requests.refresh_slots(state, (!whole).then_some(&touched));
-    // Cordons and drains change only through events about the fleet, which make a whole round;
-    // a worker new to the index (a rebuild) gets its own here too.
-    if fleet.prepare() || whole {
+    // Cordons and drains change only through events about the fleet, which make a whole round.
+    // A rebuilt index may hold a worker new to it (or one that left and came back since the last
+    // round, which leaves the signature as it was): it gets its cordon and slots in use here.
+    let rebuilt = fleet.prepare();
+    if rebuilt || whole {
         fleet.set_flags(&state.cordoned, &state.draining);
     }
     let signature = fleet.signature();
     // Another fleet can change what every waiting task may do, and lose a running task's worker.
     whole |= requests.fleet.replace(signature) != Some(signature);
-    requests.sync_usage(fleet, whole);
+    requests.sync_usage(fleet, whole || rebuilt);
     let mut leaders = requests.leaders();
     let round = Round { state, now_ms, config, fleet: signature };
     let mut walk = Walk { round: &round, index: fleet, leaders: &mut leaders, actions: Vec::new() };

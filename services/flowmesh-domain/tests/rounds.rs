@@ -204,7 +204,13 @@ impl Run {
             15 if self.fleet.len() > 1 => {
                 let worker = self.fleet.remove(rng.below(self.fleet.len()));
                 self.index.remove(&worker.id);
-                self.away.push(worker);
+                if rng.below(3) == 0 {
+                    // Heard again before the next round: the fleet looks as it did.
+                    self.index.put(&worker);
+                    self.fleet.push(worker);
+                } else {
+                    self.away.push(worker);
+                }
             }
             16 if !self.away.is_empty() => {
                 let worker = self.away.remove(0);
