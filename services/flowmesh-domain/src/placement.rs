@@ -219,6 +219,11 @@ impl Exclusion {
     }
 }
 
+/// The worker's GPU names lower-cased, as `count_matching` compares them.
+fn lower_gpu_names(snapshot: &WorkerSnapshot) -> Vec<String> {
+    snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect()
+}
+
 /// How many of the worker's GPUs match the request, each judged on its own; the device names
 /// come lower-cased (the index keeps them so).
 fn count_matching(request: &GpuRequest, snapshot: &WorkerSnapshot, lower_names: &[String]) -> u32 {
@@ -246,8 +251,7 @@ pub fn explain(request: &Request, c: &Candidate<'_>) -> Vec<Exclusion> {
     if !w.supported_task_types.iter().any(|t| t == &request.task_type) {
         out.push(Exclusion::TaskType);
     }
-    let names: Vec<String> = w.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect();
-    capacity_checks(request, c, &names, &mut |e| out.push(e));
+    capacity_checks(request, c, &lower_gpu_names(w), &mut |e| out.push(e));
     out
 }
 
@@ -480,7 +484,7 @@ struct Member {
 impl Member {
     fn new(snapshot: WorkerSnapshot) -> Member {
         Member {
-            gpu_names: snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect(),
+            gpu_names: lower_gpu_names(&snapshot),
             snapshot,
             batch_in_use: 0,
             service_in_use: 0,
@@ -563,14 +567,6 @@ impl FleetIndex {
         index
     }
 
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-
     fn position(&self, worker_id: &str) -> Result<usize, usize> {
         self.workers.binary_search_by(|m| m.snapshot.id.as_str().cmp(worker_id))
     }
@@ -598,7 +594,7 @@ impl FleetIndex {
                 } else {
                     let m = &mut self.workers[i];
                     m.snapshot.clone_from(snapshot);
-                    m.gpu_names = snapshot.hardware.gpus.iter().map(|g| g.name.to_lowercase()).collect();
+                    m.gpu_names = lower_gpu_names(snapshot);
                     self.stale = true;
                 }
             }
@@ -621,20 +617,21 @@ impl FleetIndex {
 
     /// Sets the slots a worker has in use by the router's count (batch, service).
     pub fn set_usage(&mut self, worker_id: &str, batch: u32, service: u32) {
-        if let Ok(i) = self.position(worker_id)
-            && (self.workers[i].batch_in_use, self.workers[i].service_in_use) != (batch, service)
-        {
-            self.change(i, |m| (m.batch_in_use, m.service_in_use) = (batch, service));
+        if let Ok(i) = self.position(worker_id) {
+            self.set_usage_at(i, (batch, service));
         }
     }
 
     /// Sets every worker's slots in use from `usage` (absent: none).
     pub fn set_all_usage(&mut self, usage: impl Fn(&str) -> (u32, u32)) {
         for i in 0..self.workers.len() {
-            let (batch, service) = usage(&self.workers[i].snapshot.id);
-            if (self.workers[i].batch_in_use, self.workers[i].service_in_use) != (batch, service) {
-                self.change(i, |m| (m.batch_in_use, m.service_in_use) = (batch, service));
-            }
+            self.set_usage_at(i, usage(&self.workers[i].snapshot.id));
+        }
+    }
+
+    fn set_usage_at(&mut self, i: usize, in_use: (u32, u32)) {
+        if (self.workers[i].batch_in_use, self.workers[i].service_in_use) != in_use {
+            self.change(i, |m| (m.batch_in_use, m.service_in_use) = in_use);
         }
     }
 
@@ -681,7 +678,9 @@ impl FleetIndex {
         self.free_takers =
             takers.fold((0, 0), |(b, s), m| (b + usize::from(m.free(false)), s + usize::from(m.free(true))));
         let workers = &self.workers;
-        self.free_by_type = (self.by_type.iter())
+        self.free_by_type = self
+            .by_type
+            .iter()
             .map(|(t, serving)| {
                 let service = uses_service_slot(t);
                 (t.clone(), serving.iter().filter(|&&i| workers[i].free(service)).count())
