@@ -1,104 +1,430 @@
-//! The worker's journal: which finished tasks' reports it still owes, on disk.
+//! The worker's journal: which finished tasks' reports it still owes, in an append-only file.
 //!
-//! A task's end is flushed before its report is sent (sled buffers writes otherwise), so a
-//! `kill -9` at any point leaves a journal that tells the restarted worker what to do: re-send
-//! finished reports, never run finished work again. Work that is not in the journal is run when
-//! its work order comes again (an order is acked only after its report is stored, so an order
-//! the worker took but did not finish is redelivered). Taking an order writes nothing: a record
-//! of it would lead to the same re-run, and cost a flush before every start. Flushes are group
-//! commits: ends written while one flush runs are all made durable by the next one, so many tasks
-//! finishing together cost one flush, not one each.
+//! A task's end is written to the file before its report is sent, with one `write` that returns
+//! once the kernel holds it, so a `kill -9` at any point leaves a journal that tells the restarted
+//! worker what to do: re-send finished reports, never run finished work again. A background
+//! thread makes the file durable on disk (`fdatasync`) once a second while it changes, so an
+//! operating system crash or power loss takes back at most the last second, the window that
+//! nats-server's own `sync_interval` allows the streams (ARCHITECTURE "The worker journal").
+//! That sync is the group commit: every end written in the second costs one sync together.
+//!
+//! Work that is not in the journal is run when its work order comes again (an order is acked only
+//! after its report is stored, so an order the worker took but did not finish is redelivered).
+//! Taking an order writes nothing: a record of it would lead to the same re-run.
+//!
+//! The file is one JSON record per line. When it holds many more records than it has to, it is
+//! rewritten (compaction): the reports still owed, and the ids of the last `Limits::reported`
+//! reports the stream stored, which answer a redelivered order of a task already reported.
 
 use flowmesh_domain::Event;
 use serde::{Deserialize, Serialize};
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-/// A journal record (older journals also hold records of taken orders, which read as nothing).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What the journal knows of a task's attempt.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
-    /// The task ended; `event` is its terminal report, `reported` once the stream stored it.
-    Finished { event: Box<Event>, reported: bool },
+    /// The task ended; the stream has not yet acknowledged this terminal report.
+    Unreported(Box<Event>),
+    /// The task ended and the stream stored its report.
+    Reported,
+}
+
+/// How much the journal remembers and how often it reaches the disk.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Reported tasks remembered (their ids only), newest first: a redelivered order of one of
+    /// them is acked without running. Older ones are forgotten; an order redelivered after that
+    /// many later reports (an ack lost for minutes on a busy worker) would run again, and its
+    /// second report is dropped by the fold as a second terminal event.
+    pub reported: usize,
+    /// How often written records are synced to disk.
+    pub sync_every: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        // 65,536 ids is a few MiB, and outlasts a work order's ack wait (60 s by default) at
+        // a thousand tasks per second.
+        Limits { reported: 65_536, sync_every: Duration::from_secs(1) }
+    }
+}
+
+/// One line of the file.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    key: String,
+    /// The terminal report, on the record that the task ended; absent on the record that the
+    /// stream stored it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event: Option<Box<Event>>,
 }
 
 #[derive(Clone)]
 pub struct Journal {
-    db: sled::Db,
-    commits: std::sync::Arc<Commits>,
+    log: Arc<Mutex<Log>>,
+    /// Records written since the last sync.
+    dirty: Arc<AtomicBool>,
 }
 
-/// Group commit: how many changes were written, how many are known durable, and one flush at a time.
-#[derive(Default)]
-struct Commits {
-    written: AtomicU64,
-    durable: AtomicU64,
-    flushing: tokio::sync::Mutex<()>,
+struct Log {
+    path: PathBuf,
+    file: File,
+    limits: Limits,
+    owed: HashMap<String, Box<Event>>,
+    reported: HashSet<String>,
+    /// `reported`'s keys, oldest first, to forget the oldest past `Limits::reported`.
+    reported_order: VecDeque<String>,
+    /// Records in the file, to know when a rewrite pays.
+    records: usize,
 }
-
-/// sled's page cache (1 GiB by default, filled as the journal grows). The journal is written
-/// once or twice per task and read only for a redelivered order and at start, so a small cache
-/// costs nothing measurable and keeps the worker's memory flat over a long run.
-const CACHE_BYTES: u64 = 16 << 20;
 
 fn key(task_id: &str, attempt: u32) -> String {
     format!("{task_id}#{attempt}")
 }
 
 impl Journal {
-    pub fn open(dir: &Path) -> Result<Journal, sled::Error> {
-        let db = sled::Config::new().path(dir).cache_capacity(CACHE_BYTES).open()?;
-        Ok(Journal { db, commits: Default::default() })
+    pub fn open(path: &Path) -> std::io::Result<Journal> {
+        Journal::open_with(path, Limits::default())
     }
 
+    pub fn open_with(path: &Path, limits: Limits) -> std::io::Result<Journal> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path)?;
+        let mut log = Log {
+            path: path.to_owned(),
+            file: file.try_clone()?,
+            limits,
+            owed: HashMap::new(),
+            reported: HashSet::new(),
+            reported_order: VecDeque::new(),
+            records: 0,
+        };
+        let good = log.replay(&mut file)?;
+        if good < file.metadata()?.len() {
+            // A record cut short by a power loss (a `kill -9` cannot cut a write): the lines
+            // after the last whole one are dropped so the next record starts on a line of its own.
+            tracing::warn!(path = %path.display(), "the journal ends in a partial record; dropping it");
+            file.set_len(good)?;
+        }
+        let journal = Journal { log: Arc::new(Mutex::new(log)), dirty: Arc::default() };
+        journal.spawn_syncer(limits.sync_every);
+        Ok(journal)
+    }
+
+    /// What the journal knows of this attempt: nothing when it did not end here (or long ago).
     pub fn get(&self, task_id: &str, attempt: u32) -> Option<Entry> {
-        let bytes = self.db.get(key(task_id, attempt)).ok()??;
-        serde_json::from_slice(&bytes).ok()
+        let log = self.log.lock().expect("journal lock");
+        let key = key(task_id, attempt);
+        if let Some(event) = log.owed.get(&key) {
+            return Some(Entry::Unreported(event.clone()));
+        }
+        log.reported.contains(&key).then_some(Entry::Reported)
     }
 
-    /// Writes the entry and returns once it is durable.
-    async fn put(&self, task_id: &str, attempt: u32, entry: &Entry) -> Result<(), sled::Error> {
-        self.db.insert(key(task_id, attempt), serde_json::to_vec(entry).expect("entries serialize"))?;
-        let mine = self.commits.written.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.commits.flushing.try_lock().is_err() {
-            // A crash test's point: this report is written but not durable, behind a flush that
-            // is making other changes durable.
+    /// Records that the attempt ended with `event`; returns once the kernel holds the record
+    /// (safe against the process dying; on disk within `Limits::sync_every`).
+    pub fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> std::io::Result<()> {
+        let record = Record { key: key(task_id, attempt), event: Some(Box::new(event.clone())) };
+        let mut log = self.log.lock().expect("journal lock");
+        log.append(&record)?;
+        // Set after the write, so that a sync that starts before it leaves the flag set.
+        let unsynced_before = self.dirty.swap(true, Ordering::SeqCst);
+        log.owed.insert(record.key, record.event.expect("set above"));
+        drop(log);
+        if unsynced_before {
+            // A crash test's point: this end is written, and so is another since the last sync;
+            // neither is on disk yet (a group commit cut in the middle).
             crate::failpoint("mid-group-commit");
         }
-        let _flushing = self.commits.flushing.lock().await;
-        // A flush that began after this insert has made it durable already.
-        if self.commits.durable.load(Ordering::SeqCst) >= mine {
-            return Ok(());
-        }
-        // Everything written up to here is covered by this flush.
-        let upto = self.commits.written.load(Ordering::SeqCst);
-        self.db.flush_async().await?;
-        self.commits.durable.fetch_max(upto, Ordering::SeqCst);
         Ok(())
     }
 
-    pub async fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        self.put(task_id, attempt, &Entry::Finished { event: Box::new(event.clone()), reported: false }).await
-    }
-
-    /// Notes that the stream stored the report. Not flushed on its own: lost in a crash, the
-    /// report is sent again at the next start under the same id, which the stream and the fold
-    /// both drop as a duplicate. The next flush (of any task) makes it durable.
-    pub fn reported(&self, task_id: &str, attempt: u32, event: &Event) -> Result<(), sled::Error> {
-        let entry = Entry::Finished { event: Box::new(event.clone()), reported: true };
-        self.db.insert(key(task_id, attempt), serde_json::to_vec(&entry).expect("entries serialize"))?;
+    /// Notes that the stream stored the report. Lost in a crash, the report is sent again at the
+    /// next start under the same id, which the stream and the fold both drop as a duplicate.
+    pub fn reported(&self, task_id: &str, attempt: u32) -> std::io::Result<()> {
+        let record = Record { key: key(task_id, attempt), event: None };
+        let mut log = self.log.lock().expect("journal lock");
+        log.append(&record)?;
+        self.dirty.store(true, Ordering::SeqCst);
+        log.mark_reported(record.key);
+        if log.records > 2 * (log.owed.len() + log.limits.reported) {
+            log.compact()?;
+        }
         Ok(())
     }
 
     /// Reports that were written but not yet stored by the stream.
     pub fn unreported(&self) -> Vec<Event> {
-        self.db
-            .iter()
-            .filter_map(Result::ok)
-            .filter_map(|(_, v)| serde_json::from_slice::<Entry>(&v).ok())
-            .filter_map(|e| match e {
-                Entry::Finished { event, reported: false } => Some(*event),
-                _ => None,
+        self.log.lock().expect("journal lock").owed.values().map(|e| (**e).clone()).collect()
+    }
+
+    /// Makes every record written so far durable on disk (a clean stop calls it).
+    pub fn sync(&self) -> std::io::Result<()> {
+        sync(&self.log, &self.dirty)
+    }
+
+    /// Syncs once per `every` while records are written; ends with the journal.
+    fn spawn_syncer(&self, every: Duration) {
+        let (log, dirty) = (Arc::downgrade(&self.log), Arc::downgrade(&self.dirty));
+        let syncing = move |log: &Weak<Mutex<Log>>, dirty: &Weak<AtomicBool>| -> bool {
+            let (Some(log), Some(dirty)) = (log.upgrade(), dirty.upgrade()) else { return false };
+            if let Err(e) = sync(&log, &dirty) {
+                tracing::warn!(error = %e, "journal sync failed; retrying at the next interval");
+            }
+            true
+        };
+        std::thread::Builder::new()
+            .name("journal-sync".into())
+            .spawn(move || {
+                while {
+                    std::thread::sleep(every);
+                    syncing(&log, &dirty)
+                } {}
             })
-            .collect()
+            .expect("a thread starts");
+    }
+}
+
+impl Journal {
+    /// Takes over a journal that an earlier version kept in sled (a directory): the reports it
+    /// still owed and the ids it knew reported are written to this journal and synced, then the
+    /// directory is removed. Nothing is lost across the upgrade.
+    pub fn adopt_sled(&self, dir: &Path) -> anyhow::Result<()> {
+        #[derive(Deserialize)]
+        enum Old {
+            Finished { event: Box<Event>, reported: bool },
+        }
+        if !dir.is_dir() {
+            return Ok(());
+        }
+        let db = sled::open(dir)?;
+        let (mut owed, mut reported) = (0, 0);
+        for (_, value) in db.iter().filter_map(Result::ok) {
+            // Records of taken orders (older still) read as nothing, as they did then.
+            let Ok(Old::Finished { event, reported: stored }) = serde_json::from_slice::<Old>(&value) else { continue };
+            let Some(task) = event.body.task() else { continue };
+            self.finish(&task.task_id, task.attempt, &event)?;
+            if stored {
+                self.reported(&task.task_id, task.attempt)?;
+                reported += 1;
+            } else {
+                owed += 1;
+            }
+        }
+        drop(db);
+        self.sync()?;
+        std::fs::remove_dir_all(dir)?;
+        tracing::info!(dir = %dir.display(), owed, reported, "took over the sled journal of an earlier version");
+        Ok(())
+    }
+}
+
+/// Syncs outside the lock, so writers never wait for the disk.
+fn sync(log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
+    if !dirty.swap(false, Ordering::SeqCst) {
+        return Ok(());
+    }
+    let file = log.lock().expect("journal lock").file.try_clone();
+    let synced = file.and_then(|f| f.sync_data());
+    if synced.is_err() {
+        dirty.store(true, Ordering::SeqCst);
+    }
+    synced
+}
+
+impl Log {
+    /// Reads the file's records into memory; returns the length of its whole lines.
+    fn replay(&mut self, file: &mut File) -> std::io::Result<u64> {
+        file.rewind()?;
+        let mut reader = BufReader::new(&*file);
+        let (mut line, mut good) = (Vec::new(), 0u64);
+        loop {
+            line.clear();
+            let n = reader.read_until(b'\n', &mut line)?;
+            if n == 0 || line.last() != Some(&b'\n') {
+                return Ok(good);
+            }
+            match serde_json::from_slice::<Record>(&line) {
+                Ok(Record { key, event: Some(event) }) => {
+                    self.owed.insert(key, event);
+                }
+                Ok(Record { key, event: None }) => self.mark_reported(key),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "skipping an unreadable journal record");
+                }
+            }
+            self.records += 1;
+            good += n as u64;
+        }
+    }
+
+    fn append(&mut self, record: &Record) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(record).expect("records serialize");
+        line.push(b'\n');
+        // One write: the record is whole in the kernel when it returns.
+        self.file.write_all(&line)?;
+        self.records += 1;
+        Ok(())
+    }
+
+    fn mark_reported(&mut self, key: String) {
+        self.owed.remove(&key);
+        if self.reported.insert(key.clone()) {
+            self.reported_order.push_back(key);
+        }
+        while self.reported_order.len() > self.limits.reported {
+            let oldest = self.reported_order.pop_front().expect("longer than the limit");
+            self.reported.remove(&oldest);
+        }
+    }
+
+    /// Rewrites the file with only what is remembered: a new file, synced, then renamed over the
+    /// old one, so a crash at any point leaves one whole journal.
+    fn compact(&mut self) -> std::io::Result<()> {
+        let fresh = self.path.with_extension("compacting");
+        let mut out = std::io::BufWriter::new(File::create(&fresh)?);
+        let mut records = 0;
+        for (key, event) in &self.owed {
+            serde_json::to_writer(&mut out, &Record { key: key.clone(), event: Some(event.clone()) })?;
+            out.write_all(b"\n")?;
+            records += 1;
+        }
+        for key in &self.reported_order {
+            serde_json::to_writer(&mut out, &Record { key: key.clone(), event: None })?;
+            out.write_all(b"\n")?;
+            records += 1;
+        }
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&fresh, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.records = records;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowmesh_domain::EventBody;
+    use flowmesh_domain::event::{TaskCompleted, TaskRef};
+
+    fn end(task_id: &str) -> Event {
+        let task = TaskRef { workflow_id: "wf".into(), task_id: task_id.into(), stage: "s".into(), attempt: 1 };
+        let body = EventBody::TaskCompleted(TaskCompleted {
+            task,
+            worker_id: "w1".into(),
+            result: Some(serde_json::json!({"echo": task_id})),
+            result_object: None,
+            artifacts: vec![],
+            upload_ms: None,
+            started_at: None,
+        });
+        Event { id: body.derive_id(0), time: "2026-11-25T00:00:00Z".into(), body }
+    }
+
+    fn small(reported: usize) -> Limits {
+        Limits { reported, sync_every: Duration::from_secs(3600) }
+    }
+
+    fn lines(path: &Path) -> usize {
+        std::fs::read_to_string(path).unwrap().lines().count()
+    }
+
+    #[test]
+    fn what_is_written_is_read_back_by_the_next_open_without_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w1.log");
+        let journal = Journal::open_with(&path, small(8)).unwrap();
+        journal.finish("a", 1, &end("a")).unwrap();
+        journal.finish("b", 1, &end("b")).unwrap();
+        journal.reported("a", 1).unwrap();
+        drop(journal);
+        let again = Journal::open_with(&path, small(8)).unwrap();
+        assert_eq!(again.get("a", 1), Some(Entry::Reported));
+        assert_eq!(again.get("b", 1), Some(Entry::Unreported(Box::new(end("b")))));
+        assert_eq!(again.get("b", 2), None, "another attempt is another task");
+        assert_eq!(again.unreported(), vec![end("b")]);
+    }
+
+    #[test]
+    fn a_record_cut_short_is_dropped_and_the_next_one_starts_on_its_own_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w1.log");
+        let journal = Journal::open_with(&path, small(8)).unwrap();
+        journal.finish("a", 1, &end("a")).unwrap();
+        drop(journal);
+        let whole = std::fs::read(&path).unwrap();
+        let mut torn = whole.clone();
+        torn.extend_from_slice(&whole[..whole.len() / 2]);
+        std::fs::write(&path, &torn).unwrap();
+
+        let journal = Journal::open_with(&path, small(8)).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), whole, "the partial record is gone");
+        journal.finish("b", 1, &end("b")).unwrap();
+        drop(journal);
+        let again = Journal::open_with(&path, small(8)).unwrap();
+        let mut owed: Vec<String> = again.unreported().iter().map(|e| e.body.task().unwrap().task_id.clone()).collect();
+        owed.sort();
+        assert_eq!(owed, ["a", "b"]);
+    }
+
+    #[test]
+    fn compaction_keeps_what_is_owed_and_the_newest_reported_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w1.log");
+        let journal = Journal::open_with(&path, small(4)).unwrap();
+        journal.finish("owed", 1, &end("owed")).unwrap();
+        for i in 0..40 {
+            let id = format!("t{i}");
+            journal.finish(&id, 1, &end(&id)).unwrap();
+            journal.reported(&id, 1).unwrap();
+        }
+        // 81 records written; the file is rewritten whenever it passes 2 × (1 owed + 4 reported).
+        assert!(lines(&path) <= 10, "compacted: {} lines", lines(&path));
+        drop(journal);
+        let again = Journal::open_with(&path, small(4)).unwrap();
+        assert_eq!(again.unreported(), vec![end("owed")]);
+        for i in 0..40 {
+            let expected = (i >= 36).then_some(Entry::Reported);
+            assert_eq!(again.get(&format!("t{i}"), 1), expected, "t{i}");
+        }
+    }
+
+    #[test]
+    fn a_sled_journal_of_an_earlier_version_is_taken_over_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("w1");
+        {
+            let db = sled::open(&old).unwrap();
+            let entry = |task: &str, reported: bool| {
+                serde_json::to_vec(&serde_json::json!({"Finished": {"event": end(task), "reported": reported}}))
+                    .unwrap()
+            };
+            db.insert("owed#1", entry("owed", false)).unwrap();
+            db.insert("done#1", entry("done", true)).unwrap();
+            db.insert("taken#1", serde_json::to_vec(&serde_json::json!({"Taken": {}})).unwrap()).unwrap();
+            db.flush().unwrap();
+        }
+        let path = dir.path().join("w1.log");
+        let journal = Journal::open_with(&path, small(8)).unwrap();
+        journal.adopt_sled(&old).unwrap();
+        assert!(!old.exists());
+        drop(journal);
+        let again = Journal::open_with(&path, small(8)).unwrap();
+        assert_eq!(again.unreported(), vec![end("owed")]);
+        assert_eq!(again.get("done", 1), Some(Entry::Reported));
+        assert_eq!(again.get("taken", 1), None);
     }
 }

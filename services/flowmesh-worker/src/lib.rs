@@ -254,7 +254,9 @@ pub async fn run(
     }
     std::fs::create_dir_all(&config.results_dir)?;
     let artifacts = flowmesh_nats::artifacts::ensure_bucket(&handles.js, &config.artifacts_bucket).await?;
-    let journal = Journal::open(&config.results_dir.join(".journal").join(&config.worker_id))?;
+    let journals = config.results_dir.join(".journal");
+    let journal = Journal::open(&journals.join(format!("{}.log", config.worker_id)))?;
+    journal.adopt_sled(&journals.join(&config.worker_id))?;
     let status = flowmesh_nats::status::Status::default();
     let (give_up, abandon) = shutdown::channel();
     let shared = Arc::new(Shared {
@@ -293,7 +295,7 @@ pub async fn run(
         if shared.report(&event).await.is_ok()
             && let Some(task) = event.body.task()
         {
-            let _ = shared.journal.reported(&task.task_id, task.attempt, &event);
+            let _ = shared.journal.reported(&task.task_id, task.attempt);
         }
     }
 
@@ -443,6 +445,9 @@ pub async fn run(
     // Leaving the fleet makes the router requeue whatever this worker did not finish.
     let _ = tokio::time::timeout(grace.max(Duration::from_secs(1)), handles.workers.delete(&id)).await;
     background.abort_all();
+    if let Err(e) = shared.journal.sync() {
+        warn!(error = %e, "the journal's last sync failed");
+    }
     info!(worker_id = %id, "worker stopped");
     Ok(())
 }
@@ -476,26 +481,30 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     let span = info_span!("task", task_id = %order.task_id, attempt = order.attempt);
     async {
         match shared.journal.get(&order.task_id, order.attempt) {
-            Some(Entry::Finished { event, reported }) => {
-                // Finished before a crash or a redelivery: report again (same id), never re-run.
-                info!("already finished; re-sending the report");
-                if !reported && shared.report(&event).await.is_ok() {
-                    let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
-                } else if reported {
-                    let _ = shared.report(&event).await;
+            Some(Entry::Unreported(event)) => {
+                // Finished before a crash: report (same id), never re-run.
+                info!("already finished; sending its report");
+                if shared.report(&event).await.is_ok() {
+                    let _ = shared.journal.reported(&order.task_id, order.attempt);
                 }
+                let _ = message.ack().await;
+                return;
+            }
+            Some(Entry::Reported) => {
+                // Its report is stored; the ack was lost (a crash, a dropped connection).
+                info!("already finished and reported; acking the redelivered order");
                 let _ = message.ack().await;
                 return;
             }
             None => {}
         }
         let event = execute(shared, &order, &message).await;
-        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event).await {
+        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
             warn!(error = %e, "journal write failed after the task ended");
         }
         failpoint("after-journal-finish");
         if shared.report(&event).await.is_ok() {
-            let _ = shared.journal.reported(&order.task_id, order.attempt, &event);
+            let _ = shared.journal.reported(&order.task_id, order.attempt);
         }
         if let Err(e) = message.ack().await {
             warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
@@ -508,7 +517,8 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
 /// Fault injection for crash tests: `FLOWMESH_FAILPOINT=<name>` makes the process die at once
 /// (SIGKILL to itself, no cleanup) when it reaches the named point.
 pub(crate) fn failpoint(name: &str) {
-    if std::env::var("FLOWMESH_FAILPOINT").is_ok_and(|v| v == name) {
+    static FAILPOINT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if FAILPOINT.get_or_init(|| std::env::var("FLOWMESH_FAILPOINT").ok()).as_deref() == Some(name) {
         warn!(failpoint = name, "failpoint reached; killing this process");
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
