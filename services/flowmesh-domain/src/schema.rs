@@ -50,6 +50,11 @@ fn worker_validator() -> &'static jsonschema::Validator {
 
 fn problems(validator: &jsonschema::Validator, instance: &Value, base: &str) -> Vec<Problem> {
     use jsonschema::error::ValidationErrorKind as Kind;
+    // Almost every instance is valid, and `is_valid` stops at the first failure without
+    // building errors: collecting them costs more (BENCHMARKS "Sixth round").
+    if validator.is_valid(instance) {
+        return Vec::new();
+    }
     let mut out = Vec::new();
     for error in validator.iter_errors(instance) {
         let at = join(base, error.instance_path().as_str());
