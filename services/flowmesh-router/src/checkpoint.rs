@@ -48,9 +48,14 @@ impl Checkpoint {
         if state.last_seq == self.written_seq {
             return;
         }
+        let began = std::time::Instant::now();
         let bytes = serde_json::to_vec(state).expect("the fold serializes");
+        let (size, serialized) = (bytes.len(), began.elapsed());
         match self.db.insert(KEY, bytes).and_then(|_| self.db.flush()) {
-            Ok(_) => self.written_seq = state.last_seq,
+            Ok(_) => {
+                self.written_seq = state.last_seq;
+                tracing::debug!(bytes = size, ?serialized, total = ?began.elapsed(), "router checkpoint written");
+            }
             Err(e) => warn!(error = %e, "could not write the router checkpoint"),
         }
     }
