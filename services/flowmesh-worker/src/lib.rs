@@ -559,14 +559,21 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     );
     let work_dir = shared.config.results_dir.join(&order.task_id);
     let output_dir = work_dir.join("output");
+    let runners = shared.runners();
+    let executors: Vec<&Executor> = shared.executors.iter().chain(runners.iter()).collect();
+    let executor = select_executor(&executors, order);
+    let uses_files = executor.as_ref().map_or(true, |e| e.uses_files());
+    let at_once = executor.as_ref().is_ok_and(|e| e.answers_at_once());
     // Executors report progress on a channel; it becomes `task.updated` events, in order, after
-    // the start.
-    let (updates_tx, mut updates_rx) = tokio::sync::mpsc::unbounded_channel::<executor::Update>();
-    let forwarder = {
+    // the start. One that answers at once sends none, and gets no forwarder.
+    let (updates_tx, forwarder) = if at_once {
+        (None, None)
+    } else {
+        let (updates_tx, mut updates_rx) = tokio::sync::mpsc::unbounded_channel::<executor::Update>();
         let shared = shared.clone();
         let task = task_ref(order);
         let worker_id = worker_id.clone();
-        tokio::spawn(async move {
+        let forwarder = tokio::spawn(async move {
             let _ = start_gate_rx.await;
             let mut n = 0u64;
             while let Some(update) = updates_rx.recv().await {
@@ -580,12 +587,9 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
                 let _ = shared.report(&Event::new(body, clock::now_rfc3339(), n)).await;
                 n += 1;
             }
-        })
+        });
+        (Some(updates_tx), Some(forwarder))
     };
-    let runners = shared.runners();
-    let executors: Vec<&Executor> = shared.executors.iter().chain(runners.iter()).collect();
-    let executor = select_executor(&executors, order);
-    let uses_files = executor.as_ref().map_or(true, |e| e.uses_files());
     let task_updates = updates_tx.clone();
     let outcome = async {
         let executor = executor.map_err(ExecError::Permanent)?;
@@ -601,11 +605,13 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
             gpus: shared.probe.hardware.gpus.clone(),
             cancel,
             max_runtime: order.spec.get("maxRuntimeSeconds").and_then(Value::as_u64).map(Duration::from_secs),
-            updates: Some(task_updates),
+            updates: task_updates,
         };
         if uses_files {
             let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
             with_progress(message, shared.config.ack_wait, running).await
+        } else if at_once {
+            executor.run(&ctx).await
         } else {
             with_progress(message, shared.config.ack_wait, executor.run(&ctx)).await
         }
@@ -642,7 +648,9 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
         }
     };
     drop(updates_tx);
-    let _ = forwarder.await;
+    if let Some(forwarder) = forwarder {
+        let _ = forwarder.await;
+    }
     let storing = std::time::Instant::now();
     if uses_files {
         store_logs(shared, order, &work_dir).await;

@@ -59,6 +59,13 @@ impl Executor {
         }
     }
 
+    /// Whether a task of this executor answers at once, inside the worker: no process, no
+    /// progress updates, nothing to wait for (echo). Such a task needs no update forwarder and
+    /// no progress acks.
+    pub fn answers_at_once(&self) -> bool {
+        matches!(self, Executor::Echo)
+    }
+
     /// Whether a task of this executor has a folder, logs and files to store. An echo runs in
     /// the worker and produces only its result: no per-task file system work, no uploads (its
     /// result travels inline in `task.completed`).
