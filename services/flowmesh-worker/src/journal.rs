@@ -338,15 +338,21 @@ mod tests {
         Limits { reported, sync_every: Duration::from_secs(3600) }
     }
 
+    /// A journal in a new folder: the folder (kept alive), the file's path, the journal.
+    fn fresh(reported: usize) -> (tempfile::TempDir, PathBuf, Journal) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w1.log");
+        let journal = Journal::open_with(&path, small(reported)).unwrap();
+        (dir, path, journal)
+    }
+
     fn lines(path: &Path) -> usize {
         std::fs::read_to_string(path).unwrap().lines().count()
     }
 
     #[test]
     fn what_is_written_is_read_back_by_the_next_open_without_a_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w1.log");
-        let journal = Journal::open_with(&path, small(8)).unwrap();
+        let (_dir, path, journal) = fresh(8);
         journal.finish("a", 1, &end("a")).unwrap();
         journal.finish("b", 1, &end("b")).unwrap();
         journal.reported("a", 1).unwrap();
@@ -360,9 +366,7 @@ mod tests {
 
     #[test]
     fn a_record_cut_short_is_dropped_and_the_next_one_starts_on_its_own_line() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w1.log");
-        let journal = Journal::open_with(&path, small(8)).unwrap();
+        let (_dir, path, journal) = fresh(8);
         journal.finish("a", 1, &end("a")).unwrap();
         drop(journal);
         let whole = std::fs::read(&path).unwrap();
@@ -382,9 +386,7 @@ mod tests {
 
     #[test]
     fn compaction_keeps_what_is_owed_and_the_newest_reported_ids() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w1.log");
-        let journal = Journal::open_with(&path, small(4)).unwrap();
+        let (_dir, path, journal) = fresh(4);
         journal.finish("owed", 1, &end("owed")).unwrap();
         for i in 0..40 {
             let id = format!("t{i}");
