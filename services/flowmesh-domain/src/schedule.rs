@@ -186,6 +186,11 @@ impl Requests {
         }
     }
 
+    /// Whether the next round walks every running workflow.
+    pub fn is_whole(&self) -> bool {
+        self.whole
+    }
+
     /// The next round walks every running workflow (time-based rules: grace periods).
     pub fn touch_all(&mut self) {
         self.whole = true;

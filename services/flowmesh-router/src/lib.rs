@@ -118,6 +118,8 @@ struct Router {
     /// What a round remembers for the next (`schedule::decide_with`): waiting tasks' placement
     /// requests, and the workflows touched since.
     requests: schedule::Requests,
+    /// When the last whole round was taken and what it cost (`whole_round_every`).
+    last_whole: (tokio::time::Instant, Duration),
     /// Another router's lease as this one last saw it (`lease::acquire`).
     lease_seen: Option<lease::Seen>,
     /// Messages of the log skipped as unreadable (`Event::read`): never folded.
@@ -172,6 +174,7 @@ pub async fn run(
         leader: false,
         resent_after_takeover: false,
         requests: schedule::Requests::default(),
+        last_whole: (tokio::time::Instant::now(), Duration::ZERO),
         lease_seen: None,
         unreadable: 0,
         out_of_contact: false,
@@ -230,8 +233,12 @@ pub async fn run(
                 router.note_contact(connected);
                 // What ended is dropped from the fold: the router holds what runs, not history.
                 router.state.forget_ended();
-                // Time-based rules (grace periods) are looked at in a whole round each tick.
-                router.requests.touch_all();
+                // Time-based rules (grace periods) are looked at in a whole round, on the tick
+                // or, when what runs makes one costly, less often.
+                let (at, cost) = router.last_whole;
+                if at.elapsed() >= whole_round_every(cost, router.config.tick) {
+                    router.requests.touch_all();
+                }
                 router.scan_all = true;
                 status.set(router.status());
                 router.resend_cancels().await;
@@ -490,10 +497,14 @@ impl Router {
             self.resend_dispatched().await?;
             self.resent_after_takeover = true;
         }
-        let deciding = std::time::Instant::now();
+        let deciding = tokio::time::Instant::now();
+        let whole = self.requests.is_whole();
         let actions =
             schedule::decide_with(&self.state, &mut self.live, now, &self.config.schedule, &mut self.requests);
         metrics::histogram!("flowmesh_decide_seconds").record(deciding.elapsed().as_secs_f64());
+        if whole {
+            self.last_whole = (deciding, deciding.elapsed());
+        }
         // A round's events first, all in flight at once. A dispatch carries its task's work
         // order, so the worker runs nothing the log does not show; an order that holds a secret
         // (kept out of the log) is sent on the worker's work subject only once every
@@ -599,9 +610,40 @@ impl Router {
     }
 }
 
+/// A whole round is never asked for more often than keeps it under a fiftieth of the router's
+/// time, and at least every `WHOLE_ROUND_AT_LEAST_EVERY`: on every tick while what runs is small
+/// (a round of everything costs well under 10 ms), every few seconds with tens of thousands of
+/// workflows waiting.
+fn whole_round_every(last_cost: Duration, tick: Duration) -> Duration {
+    (last_cost * 50).clamp(tick, WHOLE_ROUND_AT_LEAST_EVERY.max(tick))
+}
+
+/// The longest a time-based rule (the no-worker grace) waits past its time to be looked at.
+const WHOLE_ROUND_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
+
 #[cfg(test)]
 mod tests {
-    use super::received_before_start;
+    use super::{received_before_start, whole_round_every};
+    use std::time::Duration;
+
+    #[test]
+    fn a_whole_round_is_paced_by_its_cost() {
+        let tick = Duration::from_millis(500);
+        let ms = Duration::from_millis;
+        // (last whole round's cost, how long until the next one)
+        for (cost, every) in [
+            (ms(0), tick),
+            (ms(2), tick),
+            (ms(10), tick),
+            (ms(20), ms(1_000)),
+            (ms(70), ms(3_500)),
+            (ms(400), ms(5_000)),
+        ] {
+            assert_eq!(whole_round_every(cost, tick), every, "a whole round of {cost:?}");
+        }
+        // A tick longer than the bound still gives one whole round per tick.
+        assert_eq!(whole_round_every(ms(1), Duration::from_secs(8)), Duration::from_secs(8));
+    }
 
     /// Ages are taken between server timestamps, so any offset of the router's clock cancels out.
     #[test]
