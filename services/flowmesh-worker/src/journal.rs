@@ -290,7 +290,11 @@ impl Log {
     /// old one, so a crash at any point leaves one whole journal.
     fn compact(&mut self) -> std::io::Result<()> {
         let fresh = self.path.with_extension("compacting");
-        let mut out = std::io::BufWriter::new(File::create(&fresh)?);
+        // Left by a compaction cut short: never renamed, so never the journal.
+        let _ = std::fs::remove_file(&fresh);
+        // Opened for appending, this handle is the journal's own once renamed: no reopening
+        // after the rename, which could fail and leave appends going to the old file.
+        let mut out = std::io::BufWriter::new(OpenOptions::new().create_new(true).append(true).open(&fresh)?);
         let mut records = 0;
         for (key, event) in &self.owed {
             serde_json::to_writer(&mut out, &Record { key: key.clone(), event: Some(event.clone()) })?;
@@ -308,7 +312,7 @@ impl Log {
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
-        self.file = OpenOptions::new().append(true).open(&self.path)?;
+        self.file = file;
         self.records = records;
         Ok(())
     }
@@ -387,6 +391,8 @@ mod tests {
     #[test]
     fn compaction_keeps_what_is_owed_and_the_newest_reported_ids() {
         let (_dir, path, journal) = fresh(4);
+        // What a compaction cut short by a crash leaves behind is never read and never in the way.
+        std::fs::write(path.with_extension("compacting"), b"{\"key\":\"stale#1\"}\n{\"ke").unwrap();
         journal.finish("owed", 1, &end("owed")).unwrap();
         for i in 0..40 {
             let id = format!("t{i}");
@@ -402,6 +408,7 @@ mod tests {
             let expected = (i >= 36).then_some(Entry::Reported);
             assert_eq!(again.get(&format!("t{i}"), 1), expected, "t{i}");
         }
+        assert_eq!(again.get("stale", 1), None);
     }
 
     #[test]
