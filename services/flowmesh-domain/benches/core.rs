@@ -331,4 +331,68 @@ fn main() {
             per_task / walk
         );
     }
+
+    println!("\n## reading events, one core: `Event::read`'s decoding against serde's derived one");
+    println!("| event | bytes | from_json/s | derived/s (baseline) | ratio |");
+    println!("|---|---|---|---|---|");
+    for (name, event) in hot_events(&typical) {
+        let json = serde_json::to_vec(&event).unwrap();
+        assert_eq!(Event::from_json(&json).as_ref(), Ok(&event));
+        let fast = rate(budget, || {
+            black_box(Event::from_json(black_box(&json)).is_ok());
+            1
+        });
+        let derived = rate(budget, || {
+            black_box(serde_json::from_slice::<Event>(black_box(&json)).is_ok());
+            1
+        });
+        println!("| {name} | {} | {fast:.0} | {derived:.0} | {:.2}x the time |", json.len(), derived / fast);
+    }
+}
+
+/// The events every echo task puts on the log, as the router and the workers read them: the
+/// verdict (carrying `document`'s workflow), the dispatch with its work order, the completion.
+fn hot_events(document: &[u8]) -> Vec<(&'static str, Event)> {
+    let workflow = validate_submission(document, "wf-1").unwrap();
+    let accepted = EventBody::SubmissionAccepted(SubmissionAccepted {
+        workflow_id: "wf-1".into(),
+        submission: SubmissionRef { stream: "S".into(), seq: 1, msg_id: None, validated_by: Some("v-1".into()) },
+        task_ids: workflow.tasks.iter().map(|t| t.task_id.clone()).collect(),
+        workflow,
+    });
+    let mut state = State::default();
+    let accepted = Event::new(accepted, "2026-11-25T00:00:00Z".into(), 0);
+    state.apply(&accepted);
+    let mut worker = fleet(1, &mut Rng(3)).remove(0);
+    worker.supported_task_types = TYPES.iter().map(|t| (*t).to_owned()).collect();
+    worker.hardware.gpus = (0..8)
+        .map(|g| Gpu { index: g, uuid: format!("GPU-{g}"), name: "H100".into(), memory_bytes: 80 << 30 })
+        .collect();
+    worker.slots.batch.total = 8;
+    let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY };
+    let mut live = FleetIndex::of(&[worker]);
+    let actions = schedule::decide_with(&state, &mut live, 1, &config, &mut schedule::Requests::default());
+    let Some(Action::Dispatch { mut event, order }) =
+        actions.into_iter().find(|a| matches!(a, Action::Dispatch { .. }))
+    else {
+        panic!("the first stage is dispatched");
+    };
+    let completed = EventBody::TaskCompleted(flowmesh_domain::event::TaskCompleted {
+        task: event.task.clone(),
+        worker_id: event.worker_id.clone(),
+        result: Some(json!({"echo": "hello", "stage": event.task.stage})),
+        result_object: None,
+        artifacts: Vec::new(),
+        upload_ms: None,
+        started_at: Some("2026-11-25T00:00:00.001Z".into()),
+    });
+    event.order = Some(Box::new(order));
+    vec![
+        ("submission.accepted", accepted),
+        (
+            "task.dispatched with its order",
+            Event::new(EventBody::TaskDispatched(event), "2026-11-25T00:00:00Z".into(), 0),
+        ),
+        ("task.completed, result inline", Event::new(completed, "2026-11-25T00:00:00Z".into(), 0)),
+    ]
 }

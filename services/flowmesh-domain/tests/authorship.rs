@@ -147,6 +147,24 @@ fn a_body_is_believed_only_where_its_subject_agrees() {
             Err("not an event"),
         ),
         ("not JSON", format!("{s}.w1"), b"\xff\x00garbage".to_vec(), Err("not an event")),
+        (
+            "a kind this version does not know",
+            "wf-1.wf-1-main.task.exploded".into(),
+            br#"{"id":"x","time":"t","type":"task.exploded","workflow_id":"wf-1"}"#.to_vec(),
+            Err("not an event"),
+        ),
+        (
+            "an envelope without its body",
+            format!("{s}.w1"),
+            br#"{"id":"x","time":"t","type":"task.started"}"#.to_vec(),
+            Err("not an event"),
+        ),
+        (
+            "a body after the end of the event",
+            format!("{s}.w1"),
+            [json(&started("w1")), b" {}".to_vec()].concat(),
+            Err("not an event"),
+        ),
         ("over the size limit", format!("{s}.w1"), vec![b' '; MAX_EVENT_BYTES + 1], Err("too large")),
         ("no subject at all", String::new(), json(&dispatched()), Err("subject mismatch")),
     ];
