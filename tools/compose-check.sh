@@ -28,11 +28,17 @@ trap finish EXIT
 ./tools/docker-image.sh debug
 compose up -d
 export NATS_URL="nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224"
+# The services' replica count. (This script's polling `worker list` once ran with the old default
+# of 1 and created single-replica streams while the cluster could not yet place the services' R3
+# ones, and two nodes hosted nothing.) Unset, a client now asks for one replica per server the
+# cluster advertises, at most 3: checked below, once the cluster has formed.
+export FLOWMESH_REPLICAS=3
 for _ in $(seq 120); do
   flowmesh worker list 2>/dev/null | grep -q gpu-sim-1 && flowmesh worker list | grep -q cpu-1 && break
   sleep 1
 done
 flowmesh worker list
+env -u FLOWMESH_REPLICAS flowmesh streams apply | tee /dev/stderr | grep -q "(3 replica(s))"
 # Every stream replicated on all three nodes before a node is taken away.
 flowmesh streams status --wait 120
 run() { echo "+ flowmesh submit $1 --watch"; flowmesh submit "$1" --watch >/dev/null; }

@@ -35,9 +35,21 @@ pub struct NatsArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464, path /metrics); off when unset.
     #[arg(long, env = "METRICS_ADDR", global = true)]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Replicas for streams and buckets this process creates (1 for a single server, 3 on a cluster).
-    #[arg(long, env = "FLOWMESH_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5), global = true)]
-    pub replicas: u8,
+    /// Replicas for streams and buckets this process creates. Unset: 1 on a single server; on a
+    /// cluster, as many as the servers it advertises, at most 3.
+    #[arg(long, env = "FLOWMESH_REPLICAS", value_parser = clap::value_parser!(u8).range(1..=5), global = true)]
+    pub replicas: Option<u8>,
+}
+
+/// The replicas a process asks for when none is set: 1 on a single server (`cluster` is `None`);
+/// on a cluster, one per server it advertises to clients (`servers`), at most 3. A cluster that
+/// advertises none (`no_advertise`) gets 1, as before there was a default: set
+/// `FLOWMESH_REPLICAS` there.
+pub fn default_replicas(cluster: Option<&str>, servers: usize) -> usize {
+    match cluster {
+        None => 1,
+        Some(_) => servers.clamp(1, 3),
+    }
 }
 
 impl NatsArgs {
@@ -60,7 +72,7 @@ impl NatsArgs {
     /// server still starting); a conflicting definition fails at once.
     pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
         let client = connect(&self.options(name)).await?;
-        let topology = Topology::load(usize::from(self.replicas))?;
+        let topology = Topology::load(self.replicas(&client))?;
         let second = std::time::Duration::from_secs(1);
         let handles = Backoff::new(second, second, Shutdown::never())
             .within(JETSTREAM_WAIT)
@@ -76,6 +88,21 @@ impl NatsArgs {
 }
 
 impl NatsArgs {
+    /// The replicas this process creates streams and buckets with: `FLOWMESH_REPLICAS`, or
+    /// [`default_replicas`] for the server `client` is connected to. Without it, a command run
+    /// against a cluster still forming (a CLI polling `worker list`) created single-replica
+    /// streams before the services' three-replica ones could be placed, and the other nodes
+    /// hosted nothing.
+    pub fn replicas(&self, client: &async_nats::Client) -> usize {
+        match self.replicas {
+            Some(n) => usize::from(n),
+            None => {
+                let info = client.server_info();
+                default_replicas(info.cluster.as_deref(), info.connect_urls.len())
+            }
+        }
+    }
+
     /// Starts the Prometheus endpoint when `METRICS_ADDR` is set. Once per process: every service
     /// in it (all of them under `flowmesh dev`) reports to the same registry.
     pub fn install_metrics(&self) -> anyhow::Result<()> {
@@ -126,4 +153,24 @@ pub fn shutdown_on_signals() -> (std::sync::Arc<Trigger>, Shutdown) {
         t.fire();
     });
     (trigger, shutdown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_replicas;
+
+    #[test]
+    fn replicas_follow_the_servers_a_cluster_advertises() {
+        for (cluster, servers, want) in [
+            (None, 0, 1),
+            (None, 3, 1),
+            (Some("flowmesh"), 0, 1),
+            (Some("flowmesh"), 1, 1),
+            (Some("flowmesh"), 2, 2),
+            (Some("flowmesh"), 3, 3),
+            (Some("flowmesh"), 5, 3),
+        ] {
+            assert_eq!(default_replicas(cluster, servers), want, "{cluster:?} with {servers} server(s)");
+        }
+    }
 }

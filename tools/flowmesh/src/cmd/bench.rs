@@ -64,7 +64,6 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         raw: args.raw,
         raw_messages: args.raw_messages,
         timeout: Duration::from_secs(args.timeout_sec),
-        replicas: usize::from(nats.replicas),
         ..Default::default()
     };
     flowmesh_nats::cli::init_tracing_with("warn,async_nats=error");
@@ -91,7 +90,9 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         let handles = Handles::ensure(&connect(&options).await?, &Topology::load(1)?).await?;
         (Some(stack), handles.js)
     } else {
-        let (_, handles) = nats.handles("flowmesh-bench").await?;
+        let (client, handles) = nats.handles("flowmesh-bench").await?;
+        // The raw ceiling is measured on a stream with the deployment's replicas.
+        options.replicas = nats.replicas(&client);
         // Whatever of the stack runs on this machine.
         options.cpu_of = flowmesh::cpu::local_processes("flowmesh bench");
         (None, handles.js)

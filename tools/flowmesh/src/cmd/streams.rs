@@ -56,7 +56,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             Ok(ExitCode::SUCCESS)
         }
         Command::Apply => {
-            nats.handles("flowmesh-cli").await?;
+            let (client, _) = nats.handles("flowmesh-cli").await?;
             println!(
                 "streams {}, {}, {}, buckets {}, {} and object store {} are in place ({} replica(s))",
                 subjects::SUBMISSIONS_STREAM,
@@ -65,7 +65,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 subjects::WORKERS_BUCKET,
                 subjects::CONTROL_BUCKET,
                 subjects::ARTIFACTS_BUCKET,
-                nats.replicas
+                nats.replicas(&client)
             );
             Ok(ExitCode::SUCCESS)
         }
