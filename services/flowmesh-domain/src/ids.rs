@@ -35,9 +35,160 @@ pub fn is_valid_worker_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
+/// A set of workflow ids that stays small however many it holds: ids of the form
+/// [`workflow_id`] are kept as ranges of submission sequences (workflows mostly end in the order
+/// they came, so a router that has forgotten millions holds a few ranges), any other id by name.
+/// Serialized as `{"ranges": [[first, last], …], "others": […]}`; a plain list of ids (how a
+/// checkpoint written before it held them) reads as well.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkflowIds {
+    /// First sequence → last sequence (inclusive); ranges neither overlap nor touch.
+    ranges: std::collections::BTreeMap<u64, u64>,
+    others: std::collections::BTreeSet<String>,
+}
+
+impl WorkflowIds {
+    pub fn insert(&mut self, id: &str) {
+        match canonical_seq(id) {
+            Some(seq) => self.insert_range(seq, seq),
+            None => {
+                self.others.insert(id.to_owned());
+            }
+        }
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        match canonical_seq(id) {
+            Some(seq) => self.ranges.range(..=seq).next_back().is_some_and(|(_, &last)| seq <= last),
+            None => self.others.contains(id),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        let in_ranges: u64 = self.ranges.iter().map(|(first, last)| last - first + 1).sum();
+        in_ranges as usize + self.others.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.others.is_empty()
+    }
+
+    /// Adds `first..=last`, merging it with every range it overlaps or touches.
+    fn insert_range(&mut self, mut first: u64, mut last: u64) {
+        if let Some((&before, &before_last)) = self.ranges.range(..=first).next_back()
+            && before_last.saturating_add(1) >= first
+        {
+            first = before;
+            last = last.max(before_last);
+        }
+        while let Some((&next, &next_last)) = self.ranges.range(first..).next() {
+            if next > last.saturating_add(1) {
+                break;
+            }
+            self.ranges.remove(&next);
+            last = last.max(next_last);
+        }
+        self.ranges.insert(first, last);
+    }
+}
+
+/// The sequence of an id of exactly [`workflow_id`]'s form (`wf-7`, not `wf-07`).
+fn canonical_seq(id: &str) -> Option<u64> {
+    submission_seq(id).filter(|&seq| id.len() == 3 + seq.checked_ilog10().unwrap_or(0) as usize + 1)
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WorkflowIdsWire {
+    ranges: Vec<(u64, u64)>,
+    others: std::collections::BTreeSet<String>,
+}
+
+impl serde::Serialize for WorkflowIds {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let ranges = self.ranges.iter().map(|(&first, &last)| (first, last)).collect();
+        WorkflowIdsWire { ranges, others: self.others.clone() }.serialize(serializer)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for WorkflowIds {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Read {
+            Compact(WorkflowIdsWire),
+            Listed(Vec<String>),
+        }
+        let mut set = WorkflowIds::default();
+        match Read::deserialize(deserializer)? {
+            Read::Compact(wire) => {
+                for (first, last) in wire.ranges {
+                    if first > last {
+                        return Err(serde::de::Error::custom(format!("range {first}..={last} is empty")));
+                    }
+                    set.insert_range(first, last);
+                }
+                set.others = wire.others;
+            }
+            Read::Listed(ids) => ids.iter().for_each(|id| set.insert(id)),
+        }
+        Ok(set)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workflow_ids_are_kept_as_ranges_whatever_the_order_they_come_in() {
+        let mut set = WorkflowIds::default();
+        // Out of order, repeated, touching and overlapping, and ids of other forms.
+        for seq in [5, 3, 4, 9, 1, 4, 10, 8, 2, 20] {
+            set.insert(&workflow_id(seq));
+        }
+        for other in ["wf-07", "job-1", "wf-"] {
+            set.insert(other);
+        }
+        assert_eq!(set.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(), [(1, 5), (8, 10), (20, 20)]);
+        assert_eq!(set.len(), 5 + 3 + 1 + 3);
+        for (id, want) in [
+            ("wf-1", true),
+            ("wf-5", true),
+            ("wf-6", false),
+            ("wf-7", false),
+            ("wf-07", true),
+            ("wf-8", true),
+            ("wf-11", false),
+            ("wf-20", true),
+            ("wf-0", false),
+            ("job-1", true),
+            ("job-2", false),
+        ] {
+            assert_eq!(set.contains(id), want, "{id}");
+        }
+        set.insert("wf-6");
+        set.insert("wf-7");
+        assert_eq!(set.ranges.len(), 2, "1..=10 joined");
+
+        let json = serde_json::to_value(&set).unwrap();
+        assert_eq!(json["ranges"], serde_json::json!([[1, 10], [20, 20]]));
+        assert_eq!(serde_json::from_value::<WorkflowIds>(json).unwrap(), set);
+        // As an older checkpoint listed them.
+        let listed = serde_json::json!(["wf-3", "wf-1", "wf-2", "job-1"]);
+        let read: WorkflowIds = serde_json::from_value(listed).unwrap();
+        assert!(read.contains("wf-2") && read.contains("job-1") && read.ranges.len() == 1);
+        assert!(serde_json::from_value::<WorkflowIds>(serde_json::json!({"ranges": [[3, 2]], "others": []})).is_err());
+    }
+
+    #[test]
+    fn a_million_forgotten_workflows_serialize_in_a_few_bytes() {
+        let mut set = WorkflowIds::default();
+        for seq in 1..=1_000_000 {
+            set.insert(&workflow_id(seq));
+        }
+        assert_eq!(set.len(), 1_000_000);
+        assert_eq!(serde_json::to_string(&set).unwrap(), r#"{"ranges":[[1,1000000]],"others":[]}"#);
+    }
 
     #[test]
     fn a_task_id_names_its_workflow() {

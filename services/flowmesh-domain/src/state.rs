@@ -179,9 +179,10 @@ pub struct State {
     /// Workflows that ended and are not yet forgotten ([`State::forget_ended`]).
     #[serde(default)]
     ended: Vec<String>,
-    /// The ids of the workflows `forget_ended` dropped: a second verdict for one is still ignored.
+    /// The ids of the workflows `forget_ended` dropped (ended or rejected): a second verdict for
+    /// one is still ignored. Ranges of submission sequences, so it does not grow with history.
     #[serde(default)]
-    forgotten: BTreeSet<String>,
+    forgotten: crate::ids::WorkflowIds,
 }
 
 impl State {
@@ -244,19 +245,35 @@ impl State {
         Some(crate::event::WorkflowEnded { workflow_id: workflow_id.to_owned(), reason: None })
     }
 
+    /// Why a verdict for `workflow_id` is ignored: it already has one (held or forgotten).
+    fn has_verdict(&self, workflow_id: &str) -> Option<&'static str> {
+        if self.workflows.contains_key(workflow_id) {
+            Some("workflow already accepted")
+        } else if self.rejected.contains_key(workflow_id) {
+            Some("workflow already rejected")
+        } else if self.forgotten.contains(workflow_id) {
+            Some("workflow already decided")
+        } else {
+            None
+        }
+    }
+
     fn apply_stored(&mut self, event: &Event) -> Applied {
         match &event.body {
+            // One verdict per workflow: the first stored.
             EventBody::SubmissionAccepted(e) => {
-                if self.workflows.contains_key(&e.workflow_id) || self.forgotten.contains(&e.workflow_id) {
-                    return Applied::Ignored("workflow already accepted");
+                if let Some(why) = self.has_verdict(&e.workflow_id) {
+                    return Applied::Ignored(why);
                 }
                 self.insert_workflow(&e.workflow, e.submission.seq, &event.time);
                 Applied::Changed
             }
             EventBody::SubmissionRejected(e) => {
-                self.rejected
-                    .entry(e.workflow_id.clone())
-                    .or_insert_with(|| Rejection { workflow_id: e.workflow_id.clone(), errors: e.errors.clone() });
+                if let Some(why) = self.has_verdict(&e.workflow_id) {
+                    return Applied::Ignored(why);
+                }
+                let rejection = Rejection { workflow_id: e.workflow_id.clone(), errors: e.errors.clone() };
+                self.rejected.insert(e.workflow_id.clone(), rejection);
                 Applied::Changed
             }
             EventBody::TaskPending(e) => self.update_task(&e.task, |t| {
@@ -511,15 +528,20 @@ impl State {
         Applied::Changed
     }
 
-    /// Drops the workflows that ended since the last call, keeping only their ids: a second
-    /// verdict for one is still ignored, and a late report about one of its tasks is ignored as
-    /// about an unknown task, as it was about an ended one. A long-running router so holds what
-    /// runs, not its whole history (the views read the log). A workflow whose task is the shared
-    /// execution of a merged task still waiting for its result stays until a later call. Returns
-    /// how many were dropped.
+    /// Drops the workflows that ended since the last call, and every rejection, keeping only
+    /// their ids (as ranges, [`crate::ids::WorkflowIds`]): a second verdict for one is still
+    /// ignored, and a late report about one of its tasks is ignored as about an unknown task, as
+    /// it was about an ended one. A long-running router so holds what runs, not its history (the
+    /// views read the log), and a flood of rejected submissions costs it nothing to keep. A
+    /// workflow whose task is the shared execution of a merged task still waiting for its result
+    /// stays until a later call. Returns how many were dropped.
     pub fn forget_ended(&mut self) -> usize {
+        let rejected = std::mem::take(&mut self.rejected);
+        for id in rejected.keys() {
+            self.forgotten.insert(id);
+        }
         if self.ended.is_empty() {
-            return 0;
+            return rejected.len();
         }
         let sharing: BTreeSet<String> = self
             .running_workflows()
@@ -537,14 +559,14 @@ impl State {
                     self.task_index.remove(&t.def.task_id);
                 }
             }
-            self.forgotten.insert(id.clone());
+            self.forgotten.insert(id);
         }
-        drop.len()
+        rejected.len() + drop.len()
     }
 
-    /// Every workflow accepted so far, held or forgotten.
-    pub fn accepted_workflows(&self) -> usize {
-        self.workflows.len() + self.forgotten.len()
+    /// Every workflow with a verdict so far, accepted or rejected, held or forgotten.
+    pub fn decided_workflows(&self) -> usize {
+        self.workflows.len() + self.rejected.len() + self.forgotten.len()
     }
 }
 

@@ -1,8 +1,11 @@
 //! A router's fold forgets the workflows that ended (`State::forget_ended`): it holds what runs,
 //! not the whole history, and still refuses what it refused while it held them.
 
-use flowmesh_domain::event::{Event, EventBody, SubmissionAccepted, SubmissionRef, TaskCompleted, TaskRef};
+use flowmesh_domain::event::{
+    Event, EventBody, SubmissionAccepted, SubmissionRef, SubmissionRejected, TaskCompleted, TaskRef,
+};
 use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::problem::Problem;
 use flowmesh_domain::schedule::{Action, Config, decide};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
@@ -22,6 +25,14 @@ fn accepted(seq: u64) -> EventBody {
         submission: SubmissionRef { stream: "FLOWMESH_SUBMISSIONS".into(), seq, msg_id: None, validated_by: None },
         task_ids: workflow.tasks.iter().map(|t| t.task_id.clone()).collect(),
         workflow,
+    })
+}
+
+fn rejected(seq: u64) -> EventBody {
+    EventBody::SubmissionRejected(SubmissionRejected {
+        workflow_id: format!("wf-{seq}"),
+        submission: SubmissionRef { stream: "FLOWMESH_SUBMISSIONS".into(), seq, msg_id: None, validated_by: None },
+        errors: vec![Problem::new("/spec", "not a valid spec")],
     })
 }
 
@@ -65,11 +76,11 @@ fn an_ended_workflow_is_forgotten_and_its_second_verdict_and_late_reports_are_st
     assert_eq!(state.forget_ended(), 1);
     assert_eq!(state.forget_ended(), 0, "each ended workflow is dropped once");
     assert!(state.workflows.is_empty() && state.task("wf-1-a").is_none());
-    assert_eq!(state.accepted_workflows(), 1);
+    assert_eq!(state.decided_workflows(), 1);
     // A checkpoint keeps what was forgotten.
     let mut restored: State = serde_json::from_value(serde_json::to_value(&state).unwrap()).unwrap();
     for s in [&mut state, &mut restored] {
-        assert_eq!(apply(s, accepted(1)), Applied::Ignored("workflow already accepted"), "a second verdict");
+        assert_eq!(apply(s, accepted(1)), Applied::Ignored("workflow already decided"), "a second verdict");
         assert_eq!(apply(s, completed("wf-1", "w1")), Applied::Ignored("unknown task"), "a late report");
         route(s, &fleet);
         assert!(s.workflows.is_empty() && s.running_workflows().next().is_none(), "nothing runs again");
@@ -100,4 +111,39 @@ fn a_shared_execution_s_workflow_is_kept_until_its_merged_tasks_took_their_resul
     assert_eq!(state.workflows["wf-2"].status, WorkflowStatus::Completed);
     assert_eq!(state.forget_ended(), 2);
     assert!(state.workflows.is_empty());
+}
+
+#[test]
+fn a_workflow_keeps_its_first_verdict_and_rejections_are_forgotten_too() {
+    let mut state = State::default();
+    assert_eq!(apply(&mut state, rejected(2)), Applied::Changed);
+    assert_eq!(apply(&mut state, accepted(2)), Applied::Ignored("workflow already rejected"));
+    assert_eq!(apply(&mut state, accepted(3)), Applied::Changed);
+    assert_eq!(apply(&mut state, rejected(3)), Applied::Ignored("workflow already accepted"));
+    assert!(state.workflows.contains_key("wf-3") && state.rejected.keys().collect::<Vec<_>>() == ["wf-2"]);
+
+    // The rejection goes; the running workflow stays.
+    assert_eq!(state.forget_ended(), 1);
+    assert!(state.rejected.is_empty() && state.workflows.contains_key("wf-3"));
+    assert_eq!(state.decided_workflows(), 2);
+    let mut restored: State = serde_json::from_value(serde_json::to_value(&state).unwrap()).unwrap();
+    for s in [&mut state, &mut restored] {
+        assert_eq!(apply(s, accepted(2)), Applied::Ignored("workflow already decided"));
+        assert_eq!(apply(s, rejected(2)), Applied::Ignored("workflow already decided"));
+        assert!(s.rejected.is_empty() && !s.workflows.contains_key("wf-2"));
+    }
+}
+
+#[test]
+fn a_checkpoint_that_lists_forgotten_ids_still_reads() {
+    let mut state = State::default();
+    apply(&mut state, rejected(1));
+    state.forget_ended();
+    let mut json = serde_json::to_value(&state).unwrap();
+    assert_eq!(json["forgotten"], json!({"ranges": [[1, 1]], "others": []}));
+    // How a router before `WorkflowIds` wrote them.
+    json["forgotten"] = json!(["wf-1"]);
+    let mut older: State = serde_json::from_value(json).unwrap();
+    assert_eq!(older, state);
+    assert_eq!(apply(&mut older, accepted(1)), Applied::Ignored("workflow already decided"));
 }

@@ -342,7 +342,7 @@ impl Router {
             "leader": self.leader,
             "caught_up": self.caught_up(),
             "last_seq": self.state.last_seq,
-            "workflows": self.state.accepted_workflows(),
+            "workflows": self.state.decided_workflows(),
             "running_workflows": running,
             "live_workers": live,
             "unreadable_events": self.unreadable,
