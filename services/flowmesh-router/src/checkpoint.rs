@@ -43,9 +43,14 @@ impl Checkpoint {
         }
     }
 
+    /// Whether `state` has moved on since the last save.
+    pub fn is_behind(&self, state: &State) -> bool {
+        state.last_seq != self.written_seq
+    }
+
     /// Saves `state` when it has moved on since the last save (flushed: sled buffers writes).
     pub fn save(&mut self, state: &State) {
-        if state.last_seq == self.written_seq {
+        if !self.is_behind(state) {
             return;
         }
         let began = std::time::Instant::now();

@@ -190,6 +190,7 @@ pub async fn run(
     }
     info!(instance = %router.config.instance, from = router.state.last_seq, replay_to = last, workers = router.fleet.len(), "router starting");
     let mut last_checkpoint = tokio::time::Instant::now();
+    let mut saving: Option<tokio::task::JoinHandle<checkpoint::Checkpoint>> = None;
     let status = flowmesh_nats::status::Status::default();
     let _service = flowmesh_nats::status::serve(
         &router.client,
@@ -242,11 +243,22 @@ pub async fn run(
                 router.scan_all = true;
                 status.set(router.status());
                 router.resend_cancels().await;
-                if let Some(c) = checkpoint.as_mut()
-                    && router.caught_up()
+                // The fold is copied here and written off the loop: serialising it (8 MB, 55-70
+                // ms at 10,000 in flight) no longer holds every decision up. One write at a time.
+                if saving.as_ref().is_some_and(|s| s.is_finished()) {
+                    checkpoint = written(saving.take()).await;
+                }
+                if router.caught_up()
                     && last_checkpoint.elapsed() >= router.config.checkpoint_every
+                    && let Some(mut c) = checkpoint.take_if(|c| c.is_behind(&router.state))
                 {
-                    c.save(&router.state);
+                    let copying = std::time::Instant::now();
+                    let state = router.state.clone();
+                    debug!(copied = ?copying.elapsed(), "router checkpoint taken");
+                    saving = Some(tokio::task::spawn_blocking(move || {
+                        c.save(&state);
+                        c
+                    }));
                     last_checkpoint = tokio::time::Instant::now();
                 }
             }
@@ -258,11 +270,26 @@ pub async fn run(
     if router.leader {
         lease::release(&router.handles.control, &router.config.instance).await;
     }
+    if saving.is_some() {
+        checkpoint = written(saving.take()).await;
+    }
     if let Some(c) = checkpoint.as_mut() {
         c.save(&router.state);
     }
     info!("router stopped");
     Ok(())
+}
+
+/// The checkpoint back from its write off the loop; `None` (no more checkpoints, the log is
+/// replayed from the last one written) if that write panicked.
+async fn written(write: Option<tokio::task::JoinHandle<checkpoint::Checkpoint>>) -> Option<checkpoint::Checkpoint> {
+    match write?.await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            warn!(error = %e, "the router checkpoint's write failed; no more checkpoints in this run");
+            None
+        }
+    }
 }
 
 /// When, on the router's clock, to consider a snapshot found at start-up received: as much before
