@@ -154,7 +154,9 @@ pub enum Applied {
 /// The whole fold.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
-    pub workflows: BTreeMap<String, WorkflowState>,
+    /// Shared, so a copy of the fold (the router's checkpoint, written off its loop) costs a
+    /// pointer per workflow; a workflow changed while a copy holds it is copied then.
+    pub workflows: BTreeMap<String, std::sync::Arc<WorkflowState>>,
     pub rejected: BTreeMap<String, Rejection>,
     /// task id → (workflow id, index in `tasks`).
     task_index: BTreeMap<String, (String, usize)>,
@@ -193,17 +195,21 @@ impl State {
 
     fn task_mut(&mut self, task: &TaskRef) -> Option<&mut TaskState> {
         let (wf, i) = self.task_index.get(&task.task_id)?;
-        self.workflows.get_mut(wf)?.tasks.get_mut(*i)
+        std::sync::Arc::make_mut(self.workflows.get_mut(wf)?).tasks.get_mut(*i)
     }
 
     /// The running workflows, oldest submission first.
+    pub fn workflow(&self, workflow_id: &str) -> Option<&WorkflowState> {
+        self.workflows.get(workflow_id).map(|wf| &**wf)
+    }
+
     pub fn running_workflows(&self) -> impl Iterator<Item = &WorkflowState> {
-        self.running.values().filter_map(|id| self.workflows.get(id))
+        self.running.values().filter_map(|id| self.workflow(id))
     }
 
     /// The running workflow submitted at `seq` (a key of `running_workflows`' order).
     pub fn running_workflow(&self, seq: u64) -> Option<&WorkflowState> {
-        self.workflows.get(self.running.get(&seq)?)
+        self.workflow(self.running.get(&seq)?)
     }
 
     /// Folds one event in.
@@ -231,7 +237,7 @@ impl State {
     /// can only believe with the shared execution's workflow in view (a reader of one workflow's
     /// subjects has not).
     fn complete_if_done(&mut self, workflow_id: &str) -> Option<crate::event::WorkflowEnded> {
-        let wf = self.workflows.get_mut(workflow_id)?;
+        let wf = std::sync::Arc::make_mut(self.workflows.get_mut(workflow_id)?);
         let done = wf
             .tasks
             .iter()
@@ -373,7 +379,7 @@ impl State {
                 Applied::Changed
             }),
             EventBody::TaskCancelRequested(e) => {
-                let Some(wf) = self.workflows.get_mut(&e.workflow_id) else {
+                let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(std::sync::Arc::make_mut) else {
                     return Applied::Ignored("unknown workflow");
                 };
                 wf.cancel_requests += 1;
@@ -459,7 +465,7 @@ impl State {
         self.running.insert(seq, workflow.workflow_id.clone());
         self.workflows.insert(
             workflow.workflow_id.clone(),
-            WorkflowState {
+            std::sync::Arc::new(WorkflowState {
                 workflow_id: workflow.workflow_id.clone(),
                 seq,
                 name: workflow.name.clone(),
@@ -470,7 +476,7 @@ impl State {
                 cancel_requested: false,
                 cancel_requests: 0,
                 reason: None,
-            },
+            }),
         );
     }
 
@@ -515,7 +521,7 @@ impl State {
     }
 
     fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus) -> Applied {
-        let Some(wf) = self.workflows.get_mut(&e.workflow_id) else {
+        let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(std::sync::Arc::make_mut) else {
             return Applied::Ignored("unknown workflow");
         };
         if wf.status != WorkflowStatus::Running {
