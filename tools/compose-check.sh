@@ -38,7 +38,9 @@ for _ in $(seq 120); do
   sleep 1
 done
 flowmesh worker list
-env -u FLOWMESH_REPLICAS flowmesh streams apply | tee /dev/stderr | grep -q "(3 replica(s))"
+applied=$(env -u FLOWMESH_REPLICAS flowmesh streams apply)
+echo "$applied"
+grep -qF "(3 replica(s))" <<<"$applied" || { echo "compose-check: the default replica count on this cluster is not 3" >&2; exit 1; }
 # Every stream replicated on all three nodes before a node is taken away.
 flowmesh streams status --wait 120
 run() { echo "+ flowmesh submit $1 --watch"; flowmesh submit "$1" --watch >/dev/null; }
