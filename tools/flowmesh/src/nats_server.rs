@@ -49,6 +49,31 @@ impl NatsServer {
         config: Option<&Path>,
         env: &[(&str, &str)],
     ) -> anyhow::Result<NatsServer> {
+        if port.is_some() {
+            return NatsServer::spawn(binary, store_dir, port, config, env).await;
+        }
+        // A port free a moment ago can be taken before the server binds it (by the local end of
+        // any client connection on this machine, say): it then exits at once. Another port is
+        // tried; a port the caller chose (a restart) is not ours to change.
+        let mut attempt = 1;
+        loop {
+            match NatsServer::spawn(binary, store_dir, None, config, env).await {
+                Err(e) if attempt < 5 && e.downcast_ref::<ExitedAtStart>().is_some() => {
+                    tracing::warn!(error = %e, attempt, "nats-server did not start; trying another port");
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn spawn(
+        binary: Option<&Path>,
+        store_dir: &Path,
+        port: Option<u16>,
+        config: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<NatsServer> {
         let program = binary.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("nats-server"));
         let port = match port {
             Some(p) => p,
@@ -93,7 +118,7 @@ impl NatsServer {
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
             {
-                anyhow::bail!("nats-server exited at start-up ({status}); is port {} taken?", self.port);
+                return Err(ExitedAtStart { status, port: self.port }.into());
             }
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
                 return Ok(());
@@ -149,6 +174,40 @@ impl NatsServer {
     }
 }
 
+/// The server stopped before it accepted a connection: most often, its port was taken.
+#[derive(Debug, thiserror::Error)]
+#[error("nats-server exited at start-up ({status}); is port {port} taken?")]
+struct ExitedAtStart {
+    status: std::process::ExitStatus,
+    port: u16,
+}
+
 fn unsafe_terminate(pid: u32) {
     let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The retry on another port rests on telling "exited at start-up" apart from other failures.
+    #[tokio::test]
+    async fn a_server_whose_port_is_taken_exits_at_start_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        // Taken as it is in the wild: by the local end of a client connection (a listener
+        // would answer the readiness check itself).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let port = client.local_addr().unwrap().port();
+        // A port the caller chose is kept: no retry, the error names it.
+        let Err(e) = NatsServer::start(None, dir.path(), Some(port)).await else {
+            panic!("a second server bound port {port}");
+        };
+        let exited = e.downcast_ref::<ExitedAtStart>().unwrap_or_else(|| panic!("another failure: {e:#}"));
+        assert_eq!(exited.port, port);
+        // A port of its own choosing: it starts.
+        let mut server = NatsServer::start(None, dir.path(), None).await.unwrap();
+        assert_ne!(server.port, port);
+        server.stop().await;
+    }
 }
