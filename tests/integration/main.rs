@@ -5,6 +5,7 @@ mod bench;
 mod binaries;
 mod chaos;
 mod cli;
+mod cluster;
 mod dev;
 mod fleet_ops;
 mod forgery;

@@ -72,7 +72,7 @@ impl NatsArgs {
     /// server still starting); a conflicting definition fails at once.
     pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
         let client = connect(&self.options(name)).await?;
-        let topology = Topology::load(self.replicas(&client))?;
+        let topology = Topology::load(self.replicas(&client).await)?;
         let second = std::time::Duration::from_secs(1);
         let handles = Backoff::new(second, second, Shutdown::never())
             .within(JETSTREAM_WAIT)
@@ -93,12 +93,18 @@ impl NatsArgs {
     /// against a cluster still forming (a CLI polling `worker list`) created single-replica
     /// streams before the services' three-replica ones could be placed, and the other nodes
     /// hosted nothing.
-    pub fn replicas(&self, client: &async_nats::Client) -> usize {
-        match self.replicas {
-            Some(n) => usize::from(n),
+    pub async fn replicas(&self, client: &async_nats::Client) -> usize {
+        if let Some(n) = self.replicas {
+            return usize::from(n);
+        }
+        // `connect` returns before the connection is up (it keeps trying in the background), and
+        // the server's INFO comes with the connection: a flush completes once it is up.
+        let _ = tokio::time::timeout(JETSTREAM_WAIT, client.flush()).await;
+        match client.try_server_info() {
+            Some(info) => default_replicas(info.cluster.as_deref(), info.connect_urls.len()),
             None => {
-                let info = client.server_info();
-                default_replicas(info.cluster.as_deref(), info.connect_urls.len())
+                tracing::warn!("no answer from the server yet; creating with 1 replica (set FLOWMESH_REPLICAS)");
+                1
             }
         }
     }

@@ -92,7 +92,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
     } else {
         let (client, handles) = nats.handles("flowmesh-bench").await?;
         // The raw ceiling is measured on a stream with the deployment's replicas.
-        options.replicas = nats.replicas(&client);
+        options.replicas = nats.replicas(&client).await;
         // Whatever of the stack runs on this machine.
         options.cpu_of = flowmesh::cpu::local_processes("flowmesh bench");
         (None, handles.js)

@@ -65,7 +65,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 subjects::WORKERS_BUCKET,
                 subjects::CONTROL_BUCKET,
                 subjects::ARTIFACTS_BUCKET,
-                nats.replicas(&client)
+                nats.replicas(&client).await
             );
             Ok(ExitCode::SUCCESS)
         }
