@@ -243,8 +243,9 @@ pub async fn run(
                 router.scan_all = true;
                 status.set(router.status());
                 router.resend_cancels().await;
-                // The fold is copied here and written off the loop: serialising it (8 MB, 55-70
-                // ms at 10,000 in flight) no longer holds every decision up. One write at a time.
+                // The fold is copied here (its workflows shared, so a few ms at 10,000 in flight)
+                // and written off the loop: serialising it (8 MB, 55-70 ms there) no longer holds
+                // every decision up. One write at a time.
                 if saving.as_ref().is_some_and(|s| s.is_finished()) {
                     checkpoint = written(saving.take()).await;
                 }
