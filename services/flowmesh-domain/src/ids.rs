@@ -64,13 +64,9 @@ impl WorkflowIds {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let in_ranges: u64 = self.ranges.iter().map(|(first, last)| last - first + 1).sum();
         in_ranges as usize + self.others.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty() && self.others.is_empty()
     }
 
     /// Adds `first..=last`, merging it with every range it overlaps or touches.
@@ -94,7 +90,7 @@ impl WorkflowIds {
 
 /// The sequence of an id of exactly [`workflow_id`]'s form (`wf-7`, not `wf-07`).
 fn canonical_seq(id: &str) -> Option<u64> {
-    submission_seq(id).filter(|&seq| id.len() == 3 + seq.checked_ilog10().unwrap_or(0) as usize + 1)
+    submission_seq(id).filter(|&seq| workflow_id(seq) == id)
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

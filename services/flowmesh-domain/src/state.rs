@@ -15,6 +15,7 @@ use crate::workflow::{TaskDef, Workflow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -156,7 +157,7 @@ pub enum Applied {
 pub struct State {
     /// Shared, so a copy of the fold (the router's checkpoint, written off its loop) costs a
     /// pointer per workflow; a workflow changed while a copy holds it is copied then.
-    pub workflows: BTreeMap<String, std::sync::Arc<WorkflowState>>,
+    pub workflows: BTreeMap<String, Arc<WorkflowState>>,
     pub rejected: BTreeMap<String, Rejection>,
     /// task id → (workflow id, index in `tasks`).
     task_index: BTreeMap<String, (String, usize)>,
@@ -195,7 +196,7 @@ impl State {
 
     fn task_mut(&mut self, task: &TaskRef) -> Option<&mut TaskState> {
         let (wf, i) = self.task_index.get(&task.task_id)?;
-        std::sync::Arc::make_mut(self.workflows.get_mut(wf)?).tasks.get_mut(*i)
+        Arc::make_mut(self.workflows.get_mut(wf)?).tasks.get_mut(*i)
     }
 
     /// The running workflows, oldest submission first.
@@ -237,7 +238,7 @@ impl State {
     /// can only believe with the shared execution's workflow in view (a reader of one workflow's
     /// subjects has not).
     fn complete_if_done(&mut self, workflow_id: &str) -> Option<crate::event::WorkflowEnded> {
-        let wf = std::sync::Arc::make_mut(self.workflows.get_mut(workflow_id)?);
+        let wf = Arc::make_mut(self.workflows.get_mut(workflow_id)?);
         let done = wf
             .tasks
             .iter()
@@ -379,7 +380,7 @@ impl State {
                 Applied::Changed
             }),
             EventBody::TaskCancelRequested(e) => {
-                let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(std::sync::Arc::make_mut) else {
+                let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(Arc::make_mut) else {
                     return Applied::Ignored("unknown workflow");
                 };
                 wf.cancel_requests += 1;
@@ -465,7 +466,7 @@ impl State {
         self.running.insert(seq, workflow.workflow_id.clone());
         self.workflows.insert(
             workflow.workflow_id.clone(),
-            std::sync::Arc::new(WorkflowState {
+            Arc::new(WorkflowState {
                 workflow_id: workflow.workflow_id.clone(),
                 seq,
                 name: workflow.name.clone(),
@@ -521,7 +522,7 @@ impl State {
     }
 
     fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus) -> Applied {
-        let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(std::sync::Arc::make_mut) else {
+        let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(Arc::make_mut) else {
             return Applied::Ignored("unknown workflow");
         };
         if wf.status != WorkflowStatus::Running {

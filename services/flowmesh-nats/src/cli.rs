@@ -71,8 +71,15 @@ impl NatsArgs {
     /// Waits up to `JETSTREAM_WAIT` for JetStream to answer (a cluster electing its leader, a
     /// server still starting); a conflicting definition fails at once.
     pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
+        let (client, handles, _) = self.handles_with_replicas(name).await?;
+        Ok((client, handles))
+    }
+
+    /// As [`NatsArgs::handles`], with the replica count it asked for what it created.
+    pub async fn handles_with_replicas(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles, usize)> {
         let client = connect(&self.options(name)).await?;
-        let topology = Topology::load(self.replicas(&client).await)?;
+        let replicas = self.replicas(&client).await;
+        let topology = Topology::load(replicas)?;
         let second = std::time::Duration::from_secs(1);
         let handles = Backoff::new(second, second, Shutdown::never())
             .within(JETSTREAM_WAIT)
@@ -83,7 +90,7 @@ impl NatsArgs {
             )
             .await
             .map_err(|gave_up| gave_up.last)?;
-        Ok((client, handles))
+        Ok((client, handles, replicas))
     }
 }
 
@@ -93,7 +100,7 @@ impl NatsArgs {
     /// against a cluster still forming (a CLI polling `worker list`) created single-replica
     /// streams before the services' three-replica ones could be placed, and the other nodes
     /// hosted nothing.
-    pub async fn replicas(&self, client: &async_nats::Client) -> usize {
+    async fn replicas(&self, client: &async_nats::Client) -> usize {
         if let Some(n) = self.replicas {
             return usize::from(n);
         }

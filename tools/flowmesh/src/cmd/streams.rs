@@ -56,7 +56,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             Ok(ExitCode::SUCCESS)
         }
         Command::Apply => {
-            let (client, _) = nats.handles("flowmesh-cli").await?;
+            let (_, _, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
             println!(
                 "streams {}, {}, {}, buckets {}, {} and object store {} are in place ({} replica(s))",
                 subjects::SUBMISSIONS_STREAM,
@@ -65,7 +65,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 subjects::WORKERS_BUCKET,
                 subjects::CONTROL_BUCKET,
                 subjects::ARTIFACTS_BUCKET,
-                nats.replicas(&client).await
+                replicas
             );
             Ok(ExitCode::SUCCESS)
         }
