@@ -69,93 +69,128 @@ pub struct SubmissionRejected {
     pub errors: Vec<Problem>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskPending {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    /// `busy` (capable workers exist) or `no_eligible_worker` (none could run it now).
-    pub reason: String,
-    pub message: String,
-    pub explanation: Explanation,
-    /// When the task first found no capable worker (unix ms); the grace period counts from here.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unplaceable_since_ms: Option<u64>,
+/// Declares the events about one task: each carries its `TaskRef` flattened (`workflow_id`,
+/// `task_id`, `stage`, `attempt` beside its own fields). Serialising flattens as serde does;
+/// reading goes through a plain struct with the four fields inline, because serde's `flatten`
+/// buffers the whole body (a dispatch's work order included) in an intermediate tree first.
+macro_rules! task_events {
+    ($($(#[$meta:meta])* pub struct $name:ident { $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)* })*) => {$(
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Serialize)]
+        pub struct $name {
+            #[serde(flatten)]
+            pub task: TaskRef,
+            $($(#[$field_meta])* pub $field: $ty,)*
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<$name, D::Error> {
+                #[derive(Deserialize)]
+                struct Wire {
+                    workflow_id: String,
+                    task_id: String,
+                    stage: String,
+                    attempt: u32,
+                    $($(#[$field_meta])* $field: $ty,)*
+                }
+                let wire = Wire::deserialize(deserializer)?;
+                let task = TaskRef {
+                    workflow_id: wire.workflow_id,
+                    task_id: wire.task_id,
+                    stage: wire.stage,
+                    attempt: wire.attempt,
+                };
+                Ok($name { task, $($field: wire.$field,)* })
+            }
+        }
+    )*};
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskDispatched {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub worker_id: String,
-    pub task_type: String,
-    pub message: String,
-    /// The work order itself, for a task with no secret: the worker consumes this event from
-    /// its dispatch subject, and no separate order is stored. `None` when the order travels on
-    /// the worker's `FLOWMESH_WORK` subject (it holds a secret, which the log never does), and
-    /// in dispatches stored before orders travelled in the log.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub order: Option<Box<crate::work::WorkOrder>>,
-}
+task_events! {
+    pub struct TaskPending {
+        /// `busy` (capable workers exist) or `no_eligible_worker` (none could run it now).
+        pub reason: String,
+        pub message: String,
+        pub explanation: Explanation,
+        /// When the task first found no capable worker (unix ms); the grace period counts from here.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub unplaceable_since_ms: Option<u64>,
+    }
 
-/// The router coalesced an identical inference request into one already queued or running:
-/// this task waits for `into`'s execution and gets its result as its own.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskMerged {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    /// The task whose execution this one shares.
-    pub into: String,
-    pub message: String,
-}
+    pub struct TaskDispatched {
+        pub worker_id: String,
+        pub task_type: String,
+        pub message: String,
+        /// The work order itself, for a task with no secret: the worker consumes this event from
+        /// its dispatch subject, and no separate order is stored. `None` when the order travels on
+        /// the worker's `FLOWMESH_WORK` subject (it holds a secret, which the log never does), and
+        /// in dispatches stored before orders travelled in the log.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub order: Option<Box<crate::work::WorkOrder>>,
+    }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskStarted {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub worker_id: String,
-}
+    /// The router coalesced an identical inference request into one already queued or running:
+    /// this task waits for `into`'s execution and gets its result as its own.
+    pub struct TaskMerged {
+        /// The task whose execution this one shares.
+        pub into: String,
+        pub message: String,
+    }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskUpdated {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub worker_id: String,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-}
+    pub struct TaskStarted {
+        pub worker_id: String,
+    }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskCompleted {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub worker_id: String,
-    /// The result itself when small (64 KiB or less); otherwise `None` and `result_object` names it.
-    #[serde(default)]
-    pub result: Option<Value>,
-    /// The stored `results.json`; `None` when the task stored no files at all (an echo): its
-    /// result travels only inline, in `result`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result_object: Option<String>,
-    pub artifacts: Vec<Artifact>,
-    /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upload_ms: Option<u64>,
-    /// When the task started, for a task that completed before its `task.started` was due (the
-    /// worker reports a start only for tasks still running after `START_REPORT_DELAY`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
-}
+    pub struct TaskUpdated {
+        pub worker_id: String,
+        pub message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub data: Option<Value>,
+    }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskFailed {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_id: Option<String>,
-    pub reason: FailureReason,
-    pub message: String,
-    pub retryable: bool,
+    pub struct TaskCompleted {
+        pub worker_id: String,
+        /// The result itself when small (64 KiB or less); otherwise `None` and `result_object` names it.
+        #[serde(default)]
+        pub result: Option<Value>,
+        /// The stored `results.json`; `None` when the task stored no files at all (an echo): its
+        /// result travels only inline, in `result`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub result_object: Option<String>,
+        pub artifacts: Vec<Artifact>,
+        /// How long storing logs, results and artifacts took at the end of the run (`flowmesh trace`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub upload_ms: Option<u64>,
+        /// When the task started, for a task that completed before its `task.started` was due (the
+        /// worker reports a start only for tasks still running after `START_REPORT_DELAY`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub started_at: Option<String>,
+    }
+
+    pub struct TaskFailed {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub worker_id: Option<String>,
+        pub reason: FailureReason,
+        pub message: String,
+        pub retryable: bool,
+    }
+
+    /// The task goes back to the queue; `task` names the new attempt.
+    pub struct TaskRequeued {
+        pub reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub worker_id: Option<String>,
+    }
+
+    pub struct TaskSkipped {
+        pub reason: String,
+    }
+
+    pub struct TaskCancelled {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub worker_id: Option<String>,
+        pub reason: String,
+    }
 }
 
 /// Declares `FailureReason` from one list of `"name" => Variant`: the name on the wire and
@@ -231,37 +266,11 @@ impl std::fmt::Display for FailureReason {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskRequeued {
-    /// The new attempt.
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_id: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskSkipped {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskCancelRequested {
     pub workflow_id: String,
     /// One task, or the whole workflow when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
-    pub reason: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskCancelled {
-    #[serde(flatten)]
-    pub task: TaskRef,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub worker_id: Option<String>,
     pub reason: String,
 }
 
