@@ -8,6 +8,7 @@ use async_nats::jetstream::{self, AckKind, consumer::pull};
 use flowmesh_domain::event::{Author, SubmissionAccepted, SubmissionRef, SubmissionRejected};
 use flowmesh_domain::{Event, EventBody, Problem, ids, validate_submission};
 use flowmesh_nats::{Handles, Shutdown, clock, publish, subjects};
+use futures_util::{FutureExt, StreamExt};
 use std::time::Duration;
 use tracing::{info, instrument, warn};
 
@@ -78,101 +79,172 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     let mut messages = consumer.stream().max_messages_per_batch(config.batch).messages().await?;
     info!(consumer = %config.consumer, "validator ready");
     // Submissions are validated and their verdicts stored concurrently, up to `in_flight` at a
-    // time: no verdict waits for another's ack.
+    // time: no verdict waits for another's ack. What has arrived together is handled together
+    // (one hand-off to a blocking thread for all of it), so a busy validator pays the hand-offs
+    // once per batch, not once per submission.
     let limit = config.in_flight.max(1);
-    let mut in_flight = tokio::task::JoinSet::new();
+    let mut taken = 0usize;
+    let mut batches = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            next = flowmesh_nats::consume::next(&mut messages, &mut shutdown), if in_flight.len() < limit => match next {
+            next = flowmesh_nats::consume::next(&mut messages, &mut shutdown), if taken < limit => match next {
                 Some(message) => {
+                    let mut batch = vec![message];
+                    while taken + batch.len() < limit
+                        && let Some(Some(Ok(message))) = messages.next().now_or_never()
+                    {
+                        batch.push(message);
+                    }
+                    taken += batch.len();
                     let (js, instance) = (handles.js.clone(), config.instance.clone());
-                    in_flight.spawn(async move { handle(&js, message, &instance, config.ack_wait).await });
+                    batches.spawn(async move { handle(&js, batch, &instance, config.ack_wait).await });
                 }
                 None => break,
             },
-            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {
-                verdicts += 1;
+            Some(done) = batches.join_next(), if !batches.is_empty() => {
+                let done = done.unwrap_or(0);
+                taken = taken.saturating_sub(done);
+                verdicts += done as u64;
                 status.set(counted(verdicts));
             }
         }
     }
-    while in_flight.join_next().await.is_some() {}
+    while batches.join_next().await.is_some() {}
     info!("validator stopped");
     Ok(())
 }
 
-async fn handle(js: &jetstream::Context, message: jetstream::Message, instance: &str, ack_wait: Duration) {
-    let verdict = publish_verdict(js, &message, instance);
-    tokio::pin!(verdict);
-    // Tell the server the message is being worked on, so a slow validation is not redelivered.
+/// Validates a batch, stores its verdicts and acks each message whose verdict is stored;
+/// returns how many messages it took.
+async fn handle(js: &jetstream::Context, batch: Vec<jetstream::Message>, instance: &str, ack_wait: Duration) -> usize {
+    let verdicts = publish_verdicts(js, &batch, instance);
+    tokio::pin!(verdicts);
+    // Tell the server the messages are being worked on, so a slow validation is not redelivered.
     let every = ack_wait / 2;
     let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    let outcome = loop {
+    let outcomes = loop {
         tokio::select! {
-            outcome = &mut verdict => break outcome,
-            _ = progress.tick() => { let _ = message.ack_with(AckKind::Progress).await; }
-        }
-    };
-    match outcome {
-        Ok(event) => {
-            info!(workflow_id = %event.body.scope().0, verdict = event.body.kind(), "verdict stored");
-            if let Err(e) = message.ack().await {
-                // The verdict is stored; a redelivery re-derives the same id and is deduplicated.
-                warn!(error = %e, "ack failed after the verdict was stored");
+            outcomes = &mut verdicts => break outcomes,
+            _ = progress.tick() => {
+                for message in &batch {
+                    let _ = message.ack_with(AckKind::Progress).await;
+                }
             }
         }
-        Err(Some(e)) => {
-            warn!(error = %e, "could not store the verdict; will retry");
-            let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
-        }
-        Err(None) => {
-            warn!("message without JetStream metadata; terminating it");
-            let _ = message.ack_with(AckKind::Term).await;
+    };
+    for (message, outcome) in batch.iter().zip(outcomes) {
+        match outcome {
+            Ok(event) => {
+                info!(workflow_id = %event.body.scope().0, verdict = event.body.kind(), "verdict stored");
+                if let Err(e) = message.ack().await {
+                    // The verdict is stored; a redelivery re-derives the same id and is deduplicated.
+                    warn!(error = %e, "ack failed after the verdict was stored");
+                }
+            }
+            Err(Some(e)) => {
+                warn!(error = %e, "could not store the verdict; will retry");
+                let _ = message.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+            }
+            Err(None) => {
+                warn!("message without JetStream metadata; terminating it");
+                let _ = message.ack_with(AckKind::Term).await;
+            }
         }
     }
+    batch.len()
 }
+
+/// What storing one verdict came to: the event stored, or why not (`None`: the message can
+/// never be processed).
+pub type Stored = Result<Event, Option<flowmesh_nats::EdgeError>>;
 
 /// Validates one submission and stores its verdict, without acknowledging the message: the
-/// caller acks once this returns `Ok`. `Err(None)` means the message can never be processed.
-#[instrument(skip_all, fields(seq))]
-pub async fn publish_verdict(
-    js: &jetstream::Context,
-    message: &jetstream::Message,
-    instance: &str,
-) -> Result<Event, Option<flowmesh_nats::EdgeError>> {
-    let (seq, stream) = match message.info() {
-        Ok(info) => (info.stream_sequence, info.stream.to_owned()),
-        Err(_) => return Err(None),
-    };
-    tracing::Span::current().record("seq", seq);
-    let msg_id = message
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-        .map(|v| v.as_str().to_owned());
-    let body = message.payload.to_vec();
-    let workflow_id = ids::workflow_id(seq);
-    let wf = workflow_id.clone();
-    // Validation is CPU work on untrusted input: keep it off the async workers.
-    let started = std::time::Instant::now();
-    let verdict = tokio::task::spawn_blocking(move || validate_submission(&body, &wf)).await;
-    metrics::histogram!("flowmesh_validation_seconds").record(started.elapsed().as_secs_f64());
-    let verdict =
-        verdict.unwrap_or_else(|e| Err(vec![Problem::new("/", format!("validator failed on this input: {e}"))]));
-    let submission = SubmissionRef { stream, seq, msg_id, validated_by: Some(instance.to_owned()) };
-    let event = verdict_event(submission, workflow_id, verdict);
-    publish::publish_event(js, &event, Author::Service).await.map_err(Some)?;
-    let verdict = if matches!(event.body, EventBody::SubmissionAccepted(_)) { "accepted" } else { "rejected" };
-    metrics::counter!("flowmesh_verdicts_total", "verdict" => verdict).increment(1);
-    Ok(event)
+/// caller acks once this returns `Ok`.
+pub async fn publish_verdict(js: &jetstream::Context, message: &jetstream::Message, instance: &str) -> Stored {
+    let mut stored = publish_verdicts(js, std::slice::from_ref(message), instance).await;
+    stored.pop().expect("one outcome per message")
 }
 
-/// Builds the verdict event; an accepted workflow too large to record becomes a rejection.
+/// Validates submissions and stores their verdicts, all sent before any ack is awaited; one
+/// outcome per message, in order. Acknowledges none of the messages.
+#[instrument(skip_all, fields(submissions = messages.len()))]
+pub async fn publish_verdicts(js: &jetstream::Context, messages: &[jetstream::Message], instance: &str) -> Vec<Stored> {
+    let submissions: Vec<Option<(u64, String, Option<String>)>> = messages
+        .iter()
+        .map(|message| {
+            let info = message.info().ok()?;
+            let msg_id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .map(|v| v.as_str().to_owned());
+            Some((info.stream_sequence, info.stream.to_owned(), msg_id))
+        })
+        .collect();
+    let documents: Vec<Option<(bytes::Bytes, String)>> = messages
+        .iter()
+        .zip(&submissions)
+        .map(|(message, submission)| Some((message.payload.clone(), ids::workflow_id(submission.as_ref()?.0))))
+        .collect();
+    // Validation is CPU work on untrusted input: keep it off the async workers, all of the batch
+    // in one hand-off. A panic on one document is that document's rejection only.
+    let started = std::time::Instant::now();
+    let verdicts = tokio::task::spawn_blocking(move || {
+        documents
+            .into_iter()
+            .map(|document| {
+                let (body, workflow_id) = document?;
+                let verdict = std::panic::catch_unwind(|| validate_submission(&body, &workflow_id))
+                    .unwrap_or_else(|_| Err(vec![Problem::new("/", "the validator failed on this input")]));
+                Some((workflow_id, verdict))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    metrics::histogram!("flowmesh_validation_seconds").record(started.elapsed().as_secs_f64());
+    let verdicts = verdicts.unwrap_or_else(|e| {
+        // Only a panic outside any one document's validation lands here.
+        let problem = format!("validator failed on this input: {e}");
+        submissions
+            .iter()
+            .map(|s| s.as_ref().map(|(seq, _, _)| (ids::workflow_id(*seq), Err(vec![Problem::new("/", problem.clone())]))))
+            .collect()
+    });
+    let mut sent = Vec::with_capacity(messages.len());
+    for (submission, verdict) in submissions.into_iter().zip(verdicts) {
+        let (Some((seq, stream, msg_id)), Some((workflow_id, verdict))) = (submission, verdict) else {
+            sent.push(Err(None));
+            continue;
+        };
+        let submission = SubmissionRef { stream, seq, msg_id, validated_by: Some(instance.to_owned()) };
+        let (event, payload) = verdict_event(submission, workflow_id, verdict);
+        let subject = subjects::event(&event.subject_suffix(Author::Service));
+        sent.push(publish::send(js, subject, &event.id, payload).await.map(|f| (event, f)).map_err(Some));
+    }
+    let mut stored = Vec::with_capacity(sent.len());
+    for outcome in sent {
+        stored.push(match outcome {
+            Ok((event, in_flight)) => match in_flight.stored(js).await {
+                Ok(_) => {
+                    let verdict = if matches!(event.body, EventBody::SubmissionAccepted(_)) { "accepted" } else { "rejected" };
+                    metrics::counter!("flowmesh_verdicts_total", "verdict" => verdict).increment(1);
+                    Ok(event)
+                }
+                Err(e) => Err(Some(e)),
+            },
+            Err(e) => Err(e),
+        });
+    }
+    stored
+}
+
+/// Builds the verdict event and its payload; an accepted workflow too large to record becomes a
+/// rejection. The payload is the one serialisation of the event: it is what gets measured and sent.
 pub fn verdict_event(
     submission: SubmissionRef,
     workflow_id: String,
     verdict: Result<flowmesh_domain::Workflow, Vec<Problem>>,
-) -> Event {
+) -> (Event, Vec<u8>) {
     let now = clock::now_rfc3339();
     let rejected = |errors| {
         EventBody::SubmissionRejected(SubmissionRejected {
@@ -181,28 +253,31 @@ pub fn verdict_event(
             errors: flowmesh_domain::problem::cap(errors),
         })
     };
-    let body = match verdict {
+    let serialised = |body| {
+        let event = Event::new(body, now.clone(), 0);
+        let payload = serde_json::to_vec(&event).expect("events serialize");
+        (event, payload)
+    };
+    match verdict {
         Ok(workflow) => {
             let task_ids = workflow.tasks.iter().map(|t| t.task_id.clone()).collect();
-            let body = EventBody::SubmissionAccepted(SubmissionAccepted {
+            let (event, payload) = serialised(EventBody::SubmissionAccepted(SubmissionAccepted {
                 workflow_id: workflow_id.clone(),
                 submission: submission.clone(),
                 task_ids,
                 workflow,
-            });
-            let size = serde_json::to_vec(&body).map(|v| v.len()).unwrap_or(usize::MAX);
-            if size > MAX_EVENT_BYTES {
-                rejected(vec![Problem::new(
-                    "/spec",
-                    format!(
-                        "the expanded workflow is {size} bytes, over the {MAX_EVENT_BYTES}-byte event limit; use fewer or smaller stages"
-                    ),
-                )])
-            } else {
-                body
+            }));
+            if payload.len() <= MAX_EVENT_BYTES {
+                return (event, payload);
             }
+            let size = payload.len();
+            serialised(rejected(vec![Problem::new(
+                "/spec",
+                format!(
+                    "the expanded workflow is {size} bytes, over the {MAX_EVENT_BYTES}-byte event limit; use fewer or smaller stages"
+                ),
+            )]))
         }
-        Err(errors) => rejected(errors),
-    };
-    Event::new(body, now, 0)
+        Err(errors) => serialised(rejected(errors)),
+    }
 }
