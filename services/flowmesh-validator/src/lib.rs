@@ -85,6 +85,8 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
     let limit = config.in_flight.max(1);
     let mut taken = 0usize;
     let mut batches = tokio::task::JoinSet::new();
+    // Each batch's size by its task, so that what a batch took is given back even if it panicked.
+    let mut sizes = std::collections::HashMap::new();
     loop {
         tokio::select! {
             next = flowmesh_nats::consume::next(&mut messages, &mut shutdown), if taken < limit => match next {
@@ -96,16 +98,26 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
                         batch.push(message);
                     }
                     taken += batch.len();
+                    let size = batch.len();
                     let (js, instance) = (handles.js.clone(), config.instance.clone());
-                    batches.spawn(async move { handle(&js, batch, &instance, config.ack_wait).await });
+                    let spawned = batches.spawn(async move { handle(&js, batch, &instance, config.ack_wait).await });
+                    sizes.insert(spawned.id(), size);
                 }
                 None => break,
             },
-            Some(done) = batches.join_next(), if !batches.is_empty() => {
-                let done = done.unwrap_or(0);
-                taken = taken.saturating_sub(done);
-                verdicts += done as u64;
-                status.set(counted(verdicts));
+            Some(done) = batches.join_next_with_id(), if !batches.is_empty() => {
+                let id = match done {
+                    Ok((id, stored)) => {
+                        verdicts += stored as u64;
+                        status.set(counted(verdicts));
+                        id
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "a batch of submissions ended without its verdicts; they are redelivered after the ack wait");
+                        e.id()
+                    }
+                };
+                taken = taken.saturating_sub(sizes.remove(&id).unwrap_or(0));
             }
         }
     }
@@ -115,7 +127,7 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
 }
 
 /// Validates a batch, stores its verdicts and acks each message whose verdict is stored;
-/// returns how many messages it took.
+/// returns how many verdicts were stored.
 async fn handle(js: &jetstream::Context, batch: Vec<jetstream::Message>, instance: &str, ack_wait: Duration) -> usize {
     let verdicts = publish_verdicts(js, &batch, instance);
     tokio::pin!(verdicts);
@@ -132,9 +144,11 @@ async fn handle(js: &jetstream::Context, batch: Vec<jetstream::Message>, instanc
             }
         }
     };
+    let mut stored = 0;
     for (message, outcome) in batch.iter().zip(outcomes) {
         match outcome {
             Ok(event) => {
+                stored += 1;
                 info!(workflow_id = %event.body.scope().0, verdict = event.body.kind(), "verdict stored");
                 if let Err(e) = message.ack().await {
                     // The verdict is stored; a redelivery re-derives the same id and is deduplicated.
@@ -151,7 +165,7 @@ async fn handle(js: &jetstream::Context, batch: Vec<jetstream::Message>, instanc
             }
         }
     }
-    batch.len()
+    stored
 }
 
 /// What storing one verdict came to: the event stored, or why not (`None`: the message can
