@@ -12,6 +12,11 @@
 //! after its report is stored, so an order the worker took but did not finish is redelivered).
 //! Taking an order writes nothing: a record of it would lead to the same re-run.
 //!
+//! That the stream stored a report is noted too, but not written at once: the note goes into the
+//! file with the next task's end (one `write` for both), at the next sync, or when the journal is
+//! closed. A note lost with the process costs nothing but a report sent again under its own id,
+//! which the stream and the fold drop as a duplicate; so a task costs the journal one `write`.
+//!
 //! The file is one JSON record per line. When it holds many more records than it has to, it is
 //! rewritten (compaction): the reports still owed, and the ids of the last `Limits::reported`
 //! reports the stream stored, which answer a redelivered order of a task already reported.
@@ -80,8 +85,10 @@ struct Log {
     reported: HashSet<String>,
     /// `reported`'s keys, oldest first, to forget the oldest past `Limits::reported`.
     reported_order: VecDeque<String>,
-    /// Records in the file, to know when a rewrite pays.
+    /// Records in the file or in `unwritten`, to know when a rewrite pays.
     records: usize,
+    /// "Reported" notes not yet in the file: whole lines, written before the next record.
+    unwritten: Vec<u8>,
 }
 
 fn key(task_id: &str, attempt: u32) -> String {
@@ -106,6 +113,7 @@ impl Journal {
             reported: HashSet::new(),
             reported_order: VecDeque::new(),
             records: 0,
+            unwritten: Vec::new(),
         };
         let good = log.replay(&mut file)?;
         if good < file.metadata()?.len() {
@@ -147,12 +155,15 @@ impl Journal {
         Ok(())
     }
 
-    /// Notes that the stream stored the report. Lost in a crash, the report is sent again at the
+    /// Notes that the stream stored the report; the note reaches the file with the next record,
+    /// the next sync or the journal's close. Lost in a crash, the report is sent again at the
     /// next start under the same id, which the stream and the fold both drop as a duplicate.
     pub fn reported(&self, task_id: &str, attempt: u32) -> std::io::Result<()> {
         let record = Record { key: key(task_id, attempt), event: None };
         let mut log = self.log.lock().expect("journal lock");
-        log.append(&record)?;
+        serde_json::to_writer(&mut log.unwritten, &record).expect("records serialize");
+        log.unwritten.push(b'\n');
+        log.records += 1;
         self.dirty.store(true, Ordering::SeqCst);
         log.mark_reported(record.key);
         if log.records > 2 * (log.owed.len() + log.limits.reported) {
@@ -227,12 +238,19 @@ impl Journal {
     }
 }
 
-/// Syncs outside the lock, so writers never wait for the disk.
+/// Writes the notes not yet written, then syncs outside the lock, so writers never wait for the disk.
 fn sync(log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
     if !dirty.swap(false, Ordering::SeqCst) {
         return Ok(());
     }
-    let file = log.lock().expect("journal lock").file.try_clone();
+    let file = {
+        let mut log = log.lock().expect("journal lock");
+        log.write_unwritten().map_err(|e| {
+            dirty.store(true, Ordering::SeqCst);
+            e
+        })?;
+        log.file.try_clone()
+    };
     let synced = file.and_then(|f| f.sync_data());
     if synced.is_err() {
         dirty.store(true, Ordering::SeqCst);
@@ -267,11 +285,27 @@ impl Log {
     }
 
     fn append(&mut self, record: &Record) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(record).expect("records serialize");
+        let mut line = std::mem::take(&mut self.unwritten);
+        let notes = line.len();
+        serde_json::to_writer(&mut line, record).expect("records serialize");
         line.push(b'\n');
-        // One write: the record is whole in the kernel when it returns.
-        self.file.write_all(&line)?;
+        // One write, the notes not yet written first: the record is whole in the kernel when it
+        // returns. A failed write keeps the notes for the next one.
+        if let Err(e) = self.file.write_all(&line) {
+            line.truncate(notes);
+            self.unwritten = line;
+            return Err(e);
+        }
         self.records += 1;
+        Ok(())
+    }
+
+    /// Writes the "reported" notes that wait for a record to go with.
+    fn write_unwritten(&mut self) -> std::io::Result<()> {
+        if !self.unwritten.is_empty() {
+            self.file.write_all(&self.unwritten)?;
+            self.unwritten.clear();
+        }
         Ok(())
     }
 
@@ -314,7 +348,18 @@ impl Log {
         }
         self.file = file;
         self.records = records;
+        // The notes not yet written are in the new file: it holds every remembered id.
+        self.unwritten.clear();
         Ok(())
+    }
+}
+
+impl Drop for Log {
+    /// A journal closed (the worker stopping, or a test) writes the notes that were waiting.
+    fn drop(&mut self) {
+        if let Err(e) = self.write_unwritten() {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not write the journal's last notes; those reports are sent again at the next start");
+        }
     }
 }
 
@@ -366,6 +411,25 @@ mod tests {
         assert_eq!(again.get("b", 1), Some(Entry::Unreported(Box::new(end("b")))));
         assert_eq!(again.get("b", 2), None, "another attempt is another task");
         assert_eq!(again.unreported(), vec![end("b")]);
+    }
+
+    #[test]
+    fn a_reported_note_goes_with_the_next_end_and_one_lost_with_the_process_only_resends() {
+        let (_dir, path, journal) = fresh(8);
+        journal.finish("a", 1, &end("a")).unwrap();
+        journal.reported("a", 1).unwrap();
+        assert_eq!(lines(&path), 1, "the note waits for the next record");
+        journal.finish("b", 1, &end("b")).unwrap();
+        assert_eq!(lines(&path), 3, "the note and the next end, in one write");
+        journal.reported("b", 1).unwrap();
+        // The process dies: nothing is closed, the note about b never reaches the file.
+        std::mem::forget(journal);
+        let again = Journal::open_with(&path, small(8)).unwrap();
+        assert_eq!(again.get("a", 1), Some(Entry::Reported));
+        assert_eq!(again.get("b", 1), Some(Entry::Unreported(Box::new(end("b")))), "b's report is sent again");
+        again.reported("b", 1).unwrap();
+        again.sync().unwrap();
+        assert_eq!(lines(&path), 4, "a sync writes the waiting note");
     }
 
     #[test]
