@@ -92,13 +92,19 @@ pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> an
             next = flowmesh_nats::consume::next(&mut messages, &mut shutdown), if taken < limit => match next {
                 Some(message) => {
                     let mut batch = vec![message];
-                    while taken + batch.len() < limit
-                        && let Some(Some(Ok(message))) = messages.next().now_or_never()
-                    {
-                        batch.push(message);
+                    while taken + batch.len() < limit {
+                        match messages.next().now_or_never() {
+                            Some(Some(Ok(message))) => batch.push(message),
+                            Some(Some(Err(e))) => {
+                                warn!(error = %e, "pull failed; retrying");
+                                break;
+                            }
+                            // Nothing more has arrived, or the stream ended (the next pull says so).
+                            _ => break,
+                        }
                     }
-                    taken += batch.len();
                     let size = batch.len();
+                    taken += size;
                     let (js, instance) = (handles.js.clone(), config.instance.clone());
                     let spawned = batches.spawn(async move { handle(&js, batch, &instance, config.ack_wait).await });
                     sizes.insert(spawned.id(), size);

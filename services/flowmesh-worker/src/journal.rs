@@ -245,10 +245,7 @@ fn sync(log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
     }
     let file = {
         let mut log = log.lock().expect("journal lock");
-        log.write_unwritten().map_err(|e| {
-            dirty.store(true, Ordering::SeqCst);
-            e
-        })?;
+        log.write_unwritten().inspect_err(|_| dirty.store(true, Ordering::SeqCst))?;
         log.file.try_clone()
     };
     let synced = file.and_then(|f| f.sync_data());
