@@ -12,8 +12,11 @@ struct Cli {
     consumer: String,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    flowmesh_nats::cli::serve(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     flowmesh_nats::cli::init_tracing();
     let cli = Cli::parse();
     let (_trigger, shutdown) = flowmesh_nats::cli::shutdown_on_signals();

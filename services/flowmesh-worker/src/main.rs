@@ -14,8 +14,11 @@ struct Cli {
     collect_hw: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    flowmesh_nats::cli::serve(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     flowmesh_nats::cli::init_tracing();
     let cli = Cli::parse();
     let config = match cli.args.config(&flowmesh_nats::host::name()) {

@@ -822,7 +822,8 @@ async fn raw_round_trip(
             let publish =
                 PublishMessage::build().payload(body.clone().into()).header(RAW_INDEX_HEADER, n.to_string().as_str());
             sent_at.push(Instant::now());
-            acks.push(js.send_publish(subject.to_owned(), publish).await?.into_future());
+            let ack = js.send_publish(subject.to_owned(), publish).await?;
+            acks.push(ack.into_future());
         }
         while let Some(ack) = acks.next().await {
             ack?;

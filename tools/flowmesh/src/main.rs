@@ -82,7 +82,11 @@ async fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    match run(cli).await {
+    // The command runs as a task on the runtime's worker threads, not on the thread that blocks
+    // on `main`, as every service does (`flowmesh_nats::cli::serve` says why); here `dev`'s
+    // services and the bench's client gain from it. A panic is reported with its message.
+    let outcome = tokio::spawn(run(cli)).await.unwrap_or_else(|e| Err(anyhow::anyhow!("{e}")));
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("flowmesh: {e:#}");
