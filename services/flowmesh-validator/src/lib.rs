@@ -227,7 +227,9 @@ pub async fn publish_verdicts(js: &jetstream::Context, messages: &[jetstream::Me
         let problem = format!("validator failed on this input: {e}");
         submissions
             .iter()
-            .map(|s| s.as_ref().map(|(seq, _, _)| (ids::workflow_id(*seq), Err(vec![Problem::new("/", problem.clone())]))))
+            .map(|s| {
+                s.as_ref().map(|(seq, _, _)| (ids::workflow_id(*seq), Err(vec![Problem::new("/", problem.clone())])))
+            })
             .collect()
     });
     let mut sent = Vec::with_capacity(messages.len());
@@ -246,7 +248,8 @@ pub async fn publish_verdicts(js: &jetstream::Context, messages: &[jetstream::Me
         stored.push(match outcome {
             Ok((event, in_flight)) => match in_flight.stored(js).await {
                 Ok(_) => {
-                    let verdict = if matches!(event.body, EventBody::SubmissionAccepted(_)) { "accepted" } else { "rejected" };
+                    let verdict =
+                        if matches!(event.body, EventBody::SubmissionAccepted(_)) { "accepted" } else { "rejected" };
                     metrics::counter!("flowmesh_verdicts_total", "verdict" => verdict).increment(1);
                     Ok(event)
                 }
