@@ -199,11 +199,12 @@ impl State {
         Arc::make_mut(self.workflows.get_mut(wf)?).tasks.get_mut(*i)
     }
 
-    /// The running workflows, oldest submission first.
+    /// A workflow the fold holds (running, or ended and not yet forgotten).
     pub fn workflow(&self, workflow_id: &str) -> Option<&WorkflowState> {
         self.workflows.get(workflow_id).map(|wf| &**wf)
     }
 
+    /// The running workflows, oldest submission first.
     pub fn running_workflows(&self) -> impl Iterator<Item = &WorkflowState> {
         self.running.values().filter_map(|id| self.workflow(id))
     }

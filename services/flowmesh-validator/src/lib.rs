@@ -220,18 +220,11 @@ pub async fn publish_verdicts(js: &jetstream::Context, messages: &[jetstream::Me
             })
             .collect::<Vec<_>>()
     })
-    .await;
+    .await
+    // Each document's panic is caught above; the batch's task ending here leaves its messages
+    // unacked, and they come again after the ack wait (`run` gives back what it took).
+    .expect("a batch's validation runs to its end");
     metrics::histogram!("flowmesh_validation_seconds").record(started.elapsed().as_secs_f64());
-    let verdicts = verdicts.unwrap_or_else(|e| {
-        // Only a panic outside any one document's validation lands here.
-        let problem = format!("validator failed on this input: {e}");
-        submissions
-            .iter()
-            .map(|s| {
-                s.as_ref().map(|(seq, _, _)| (ids::workflow_id(*seq), Err(vec![Problem::new("/", problem.clone())])))
-            })
-            .collect()
-    });
     let mut sent = Vec::with_capacity(messages.len());
     for (submission, verdict) in submissions.into_iter().zip(verdicts) {
         let (Some((seq, stream, msg_id)), Some((workflow_id, verdict))) = (submission, verdict) else {
