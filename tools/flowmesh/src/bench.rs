@@ -512,6 +512,13 @@ const TIMED: [&str; 7] = [
     "workflow.cancelled",
 ];
 
+/// The subjects of the kinds in `TIMED`, each with four tokens after the workflow and task (a
+/// service's event) and with five (a worker's report names its worker last): the server sends
+/// the follower only these, and the dispatches, the largest events, never leave it.
+fn timed_subjects() -> Vec<String> {
+    TIMED.iter().flat_map(|kind| [subjects::event(&format!("*.*.{kind}")), subjects::reports(kind, "*")]).collect()
+}
+
 /// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
 async fn follow_outcomes(
     js: &jetstream::Context,
@@ -519,9 +526,7 @@ async fn follow_outcomes(
     let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
-            // One filter for all: several filters need the `server_2_10` feature of async-nats,
-            // and decoding the few events per task we then skip costs far less than the run.
-            filter_subject: subjects::all_events(),
+            filter_subjects: timed_subjects(),
             // Created before the first submission, so nothing of ours is older than it.
             deliver_policy: consumer::DeliverPolicy::New,
             ..Default::default()
@@ -537,11 +542,6 @@ async fn follow_outcomes(
             // An ordered consumer recreates itself after a reconnect; an error here is a pause.
             let Ok(message) = message else { continue };
             let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
-            // Dispatches, the largest events, and the others the bench does not time are skipped
-            // unread: a measuring client should cost the machine it measures as little as it can.
-            if !subjects::event_kind(suffix).is_some_and(|kind| TIMED.contains(&kind)) {
-                continue;
-            }
             let Ok(event) = Event::read(suffix, &message.payload) else { continue };
             let completed = completes(&event, &mut unfinished).map(|workflow_id| (workflow_id, Outcome::Completed));
             for (workflow_id, what) in outcome(&event).into_iter().chain(completed) {
@@ -972,6 +972,35 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a NATS filter (`*` one token, `>` the rest) takes `subject`.
+    fn takes(filter: &str, subject: &str) -> bool {
+        let (mut f, mut s) = (filter.split('.'), subject.split('.'));
+        loop {
+            match (f.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some(a), Some(b)) if a == "*" || a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn the_follower_is_sent_every_timed_event_whoever_wrote_it_and_nothing_else() {
+        let filters = timed_subjects();
+        let taken = |subject: &str| filters.iter().filter(|f| takes(f, subject)).count();
+        for kind in TIMED {
+            for suffix in [format!("wf-1._.{kind}"), format!("wf-1.wf-1-main.{kind}"), format!("wf-1.wf-1-main.{kind}.w1")] {
+                // Exactly one: the server refuses filters that overlap.
+                assert_eq!(taken(&subjects::event(&suffix)), 1, "{suffix}");
+            }
+        }
+        for suffix in ["wf-1.wf-1-main.task.dispatched.w1", "wf-1.wf-1-main.task.updated.w1", "fleet._.worker.joined"] {
+            assert_eq!(taken(&subjects::event(&suffix)), 0, "{suffix}");
+        }
+        assert!(!takes("a.*", "a.b.c") && takes("a.>", "a.b.c") && !takes("a.b.c", "a.b"));
+    }
 
     fn check_mix(text: &str, want: Result<Vec<(TaskKind, u32)>, MixError>) {
         assert_eq!(text.parse::<Mix>().map(|m| m.0), want, "--mix {text:?}");
