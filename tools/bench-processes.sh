@@ -2,13 +2,14 @@
 # `flowmesh bench` against the stack run as separate processes (a private nats-server on a free
 # loopback port, flowmesh-validator, flowmesh-router and N flowmesh-worker), so the bench reports
 # CPU per task and peak memory for each service on its own. (`bench --dev` runs them all in one
-# process.) Uses the release binaries: build them first with `cargo build --release --bins`.
+# process.) Uses the release binaries: build them first with `cargo build --release --bins`
+# (FLOWMESH_BIN names another folder of them, to compare two builds).
 #
 #   tools/bench-processes.sh [--workers N] [--slots N] [bench arguments…]
 #   tools/bench-processes.sh --workers 4 --tasks 100000 --concurrency 10000 --mix echo=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=target/release
+bin=${FLOWMESH_BIN:-target/release}
 workers=4
 slots=2
 args=()

@@ -6,7 +6,7 @@
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use flowmesh_domain::event::{Author, SubmissionAccepted, SubmissionRef, SubmissionRejected};
-use flowmesh_domain::{Event, EventBody, Problem, ids, validate_submission};
+use flowmesh_domain::{Event, EventBody, Problem, Workflow, ids, validate_submission};
 use flowmesh_nats::{Handles, Shutdown, clock, publish, subjects};
 use futures_util::{FutureExt, StreamExt};
 use std::time::Duration;
@@ -185,6 +185,43 @@ pub async fn publish_verdict(js: &jetstream::Context, message: &jetstream::Messa
     stored.pop().expect("one outcome per message")
 }
 
+/// A submission to validate: its body and the workflow id it would get; `None` where the
+/// message was unreadable.
+type Document = Option<(bytes::Bytes, String)>;
+
+/// A document's verdict, with its workflow id; `None` where the message was unreadable.
+type Verdict = Option<(String, Result<Workflow, Vec<Problem>>)>;
+
+/// The most submission bytes a batch may hold and still be validated on the async worker that
+/// took it: one typical document (1.8 KB, about 170 µs of work on the project's machine; see
+/// BENCHMARKS) or a few small ones. Under load batches are larger and go to a blocking thread.
+const VALIDATE_IN_PLACE_BYTES: usize = 2 * 1024;
+
+/// Whether a batch is cheap enough to validate without a hand-off: small, and with no `&` or
+/// `*` in any document. Anchors and aliases are the one way a small YAML document makes the
+/// parser work far beyond its size (a 614-byte alias bomb takes ~0.1 s to reach the node
+/// budget); without them the work is bounded by the bytes.
+fn validate_in_place(documents: &[Document]) -> bool {
+    let mut bytes = 0;
+    documents.iter().flatten().all(|(body, _)| {
+        bytes += body.len();
+        bytes <= VALIDATE_IN_PLACE_BYTES && !body.iter().any(|b| matches!(b, b'&' | b'*'))
+    })
+}
+
+/// Each document's verdict, in order.
+fn validate_all(documents: Vec<Document>) -> Vec<Verdict> {
+    documents
+        .into_iter()
+        .map(|document| {
+            let (body, workflow_id) = document?;
+            let verdict = std::panic::catch_unwind(|| validate_submission(&body, &workflow_id))
+                .unwrap_or_else(|_| Err(vec![Problem::new("/", "the validator failed on this input")]));
+            Some((workflow_id, verdict))
+        })
+        .collect()
+}
+
 /// Validates submissions and stores their verdicts, all sent before any ack is awaited; one
 /// outcome per message, in order. Acknowledges none of the messages.
 #[instrument(skip_all, fields(submissions = messages.len()))]
@@ -201,29 +238,26 @@ pub async fn publish_verdicts(js: &jetstream::Context, messages: &[jetstream::Me
             Some((info.stream_sequence, info.stream.to_owned(), msg_id))
         })
         .collect();
-    let documents: Vec<Option<(bytes::Bytes, String)>> = messages
+    let documents: Vec<Document> = messages
         .iter()
         .zip(&submissions)
         .map(|(message, submission)| Some((message.payload.clone(), ids::workflow_id(submission.as_ref()?.0))))
         .collect();
-    // Validation is CPU work on untrusted input: keep it off the async workers, all of the batch
-    // in one hand-off. A panic on one document is that document's rejection only.
+    // Validation is CPU work on untrusted input, so it goes off the async workers, all of the
+    // batch in one hand-off; but a batch of one small plain document (the rule at a steady,
+    // light load) costs less than waking a blocking thread and being woken back, so it is
+    // validated here. A panic on one document is that document's rejection only.
     let started = std::time::Instant::now();
-    let verdicts = tokio::task::spawn_blocking(move || {
-        documents
-            .into_iter()
-            .map(|document| {
-                let (body, workflow_id) = document?;
-                let verdict = std::panic::catch_unwind(|| validate_submission(&body, &workflow_id))
-                    .unwrap_or_else(|_| Err(vec![Problem::new("/", "the validator failed on this input")]));
-                Some((workflow_id, verdict))
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    // Each document's panic is caught above; the batch's task ending here leaves its messages
-    // unacked, and they come again after the ack wait (`run` gives back what it took).
-    .expect("a batch's validation runs to its end");
+    let verdicts = if validate_in_place(&documents) {
+        validate_all(documents)
+    } else {
+        tokio::task::spawn_blocking(move || validate_all(documents))
+            .await
+            // Each document's panic is caught in `validate_all`; the batch's task ending here
+            // leaves its messages unacked, and they come again after the ack wait (`run` gives
+            // back what it took).
+            .expect("a batch's validation runs to its end")
+    };
     metrics::histogram!("flowmesh_validation_seconds").record(started.elapsed().as_secs_f64());
     let mut sent = Vec::with_capacity(messages.len());
     for (submission, verdict) in submissions.into_iter().zip(verdicts) {
@@ -295,5 +329,38 @@ pub fn verdict_event(
             )]))
         }
         Err(errors) => serialised(rejected(errors)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{VALIDATE_IN_PLACE_BYTES, validate_in_place};
+
+    fn batch(bodies: &[&str]) -> Vec<super::Document> {
+        bodies.iter().map(|b| Some((bytes::Bytes::from(b.to_string()), "wf".to_owned()))).collect()
+    }
+
+    #[test]
+    fn only_a_small_batch_with_no_anchor_or_alias_is_validated_in_place() {
+        let plain = "kind: EchoTask\nspec:\n  taskType: echo\n";
+        let large = "x".repeat(VALIDATE_IN_PLACE_BYTES + 1);
+        let half = "x".repeat(VALIDATE_IN_PLACE_BYTES / 2 + 1);
+        let cases: [(&str, Vec<&str>, bool); 7] = [
+            ("one plain document", vec![plain], true),
+            ("a few plain documents", vec![plain, plain, plain], true),
+            ("an unreadable message among them", vec![plain], true),
+            ("one document over the limit", vec![&large], false),
+            ("two that are over it together", vec![&half, &half], false),
+            ("an anchor", vec![plain, "a: &x [1]\n"], false),
+            ("an alias", vec!["b: *x\n"], false),
+        ];
+        for (what, bodies, want) in cases {
+            let mut documents = batch(&bodies);
+            if what.starts_with("an unreadable") {
+                documents.push(None);
+            }
+            assert_eq!(validate_in_place(&documents), want, "{what}");
+        }
+        assert!(validate_in_place(&[]), "an empty batch");
     }
 }

@@ -991,13 +991,15 @@ mod tests {
         let filters = timed_subjects();
         let taken = |subject: &str| filters.iter().filter(|f| takes(f, subject)).count();
         for kind in TIMED {
-            for suffix in [format!("wf-1._.{kind}"), format!("wf-1.wf-1-main.{kind}"), format!("wf-1.wf-1-main.{kind}.w1")] {
+            for suffix in
+                [format!("wf-1._.{kind}"), format!("wf-1.wf-1-main.{kind}"), format!("wf-1.wf-1-main.{kind}.w1")]
+            {
                 // Exactly one: the server refuses filters that overlap.
                 assert_eq!(taken(&subjects::event(&suffix)), 1, "{suffix}");
             }
         }
         for suffix in ["wf-1.wf-1-main.task.dispatched.w1", "wf-1.wf-1-main.task.updated.w1", "fleet._.worker.joined"] {
-            assert_eq!(taken(&subjects::event(&suffix)), 0, "{suffix}");
+            assert_eq!(taken(&subjects::event(suffix)), 0, "{suffix}");
         }
         assert!(!takes("a.*", "a.b.c") && takes("a.>", "a.b.c") && !takes("a.b.c", "a.b"));
     }
