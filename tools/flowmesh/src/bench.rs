@@ -512,9 +512,9 @@ const TIMED: [&str; 7] = [
     "workflow.cancelled",
 ];
 
-/// The subjects of the kinds in `TIMED`, each with four tokens after the workflow and task (a
-/// service's event) and with five (a worker's report names its worker last): the server sends
-/// the follower only these, and the dispatches, the largest events, never leave it.
+/// The subjects of the kinds in `TIMED`, each as a service writes it (`<workflow>.<task>.<kind>`)
+/// and as a worker reports it (its id last): the server sends the follower only these, so the
+/// dispatches, the largest events, never reach it.
 fn timed_subjects() -> Vec<String> {
     TIMED.iter().flat_map(|kind| [subjects::event(&format!("*.*.{kind}")), subjects::reports(kind, "*")]).collect()
 }
