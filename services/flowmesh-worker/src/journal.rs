@@ -161,8 +161,7 @@ impl Journal {
     pub fn reported(&self, task_id: &str, attempt: u32) -> std::io::Result<()> {
         let record = Record { key: key(task_id, attempt), event: None };
         let mut log = self.log.lock().expect("journal lock");
-        serde_json::to_writer(&mut log.unwritten, &record).expect("records serialize");
-        log.unwritten.push(b'\n');
+        push_line(&mut log.unwritten, &record);
         log.records += 1;
         self.dirty.store(true, Ordering::SeqCst);
         log.mark_reported(record.key);
@@ -284,8 +283,7 @@ impl Log {
     fn append(&mut self, record: &Record) -> std::io::Result<()> {
         let mut line = std::mem::take(&mut self.unwritten);
         let notes = line.len();
-        serde_json::to_writer(&mut line, record).expect("records serialize");
-        line.push(b'\n');
+        push_line(&mut line, record);
         // One write, the notes not yet written first: the record is whole in the kernel when it
         // returns. A failed write keeps the notes for the next one.
         if let Err(e) = self.file.write_all(&line) {
@@ -349,6 +347,12 @@ impl Log {
         self.unwritten.clear();
         Ok(())
     }
+}
+
+/// Puts a record at the end of `buf` as one JSON line.
+fn push_line(buf: &mut Vec<u8>, record: &Record) {
+    serde_json::to_writer(&mut *buf, record).expect("records serialize");
+    buf.push(b'\n');
 }
 
 impl Drop for Log {

@@ -75,18 +75,15 @@ enum Command {
     Bench(cmd::bench::Args),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // Behave like other Unix tools when a pipe closes (`flowmesh events | head`): stop quietly.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    // The command runs as a task on the runtime's worker threads, not on the thread that blocks
-    // on `main`, as every service does (`flowmesh_nats::cli::serve` says why); here `dev`'s
-    // services and the bench's client gain from it. A panic is reported with its message.
-    let outcome = tokio::spawn(run(cli)).await.unwrap_or_else(|e| Err(anyhow::anyhow!("{e}")));
-    match outcome {
+    // As every service does (`dev`'s services and the bench's client gain from it); a panic is
+    // reported with its message.
+    match flowmesh_nats::cli::serve(run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("flowmesh: {e:#}");
