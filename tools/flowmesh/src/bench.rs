@@ -41,6 +41,12 @@ impl TaskKind {
         }
     }
 
+    /// How many tasks a document of this kind holds: the bench knows each workflow's size from
+    /// what it submits, so it need not read `submission.accepted` to learn it.
+    pub fn tasks(self) -> usize {
+        1
+    }
+
     /// The document of the `n`-th bench workflow of this kind. The name carries `n` so a workflow
     /// seen in `flowmesh workflow list` can be traced back to its place in the run.
     pub fn document(self, n: usize) -> String {
@@ -339,7 +345,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         Some(per_sec) => Pace::Rate(per_sec),
         None => Pace::Burst(options.concurrency),
     };
-    let (p, begin) = pipeline(js, &bodies, pace, options.timeout, stop).await?;
+    let tasks: Vec<usize> = kinds.iter().map(|k| k.tasks()).collect();
+    let (p, begin) = pipeline(js, &bodies, &tasks, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     let after = stream_sequences(js).await?;
@@ -440,27 +447,40 @@ struct Seen {
     at: Instant,
 }
 
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 enum Outcome {
     /// The task started this many ms before the bench saw the event (0 for `task.started`; for a
     /// task that completed before its start was due, the time from its `started_at` to its end).
     Started {
         before_ms: f64,
     },
-    Completed,
+    /// One of the workflow's tasks completed or was skipped: the workflow has completed when
+    /// all of them have (nobody stores that `workflow.completed`; readers derive it with the fold,
+    /// `State::apply_deriving`). The bench counts ends against the number of tasks it submitted
+    /// instead of folding, so it holds a number per workflow in flight, not a second copy of the
+    /// router's state; its own workflows are never cancelled, and the stream keeps one end per
+    /// task attempt.
+    TaskEnded,
     Failed(String),
 }
 
-/// The outcome an event reports, if it is one the bench times.
-fn outcome(event: &Event) -> Option<(String, Outcome)> {
+/// What an event reports of a workflow, if it is one the bench times: a completion that carries
+/// its start reports both.
+fn outcomes(event: &Event) -> Vec<(String, Outcome)> {
     let (wf, what) = match &event.body {
         EventBody::TaskStarted(e) => (&e.task.workflow_id, Outcome::Started { before_ms: 0.0 }),
-        EventBody::TaskCompleted(e) if e.started_at.is_some() => {
-            let started = e.started_at.as_deref().and_then(flowmesh_domain::trace::unix_ms);
-            let ended = flowmesh_domain::trace::unix_ms(&event.time);
-            let before_ms = started.zip(ended).map_or(0.0, |(s, e)| e.saturating_sub(s) as f64);
-            (&e.task.workflow_id, Outcome::Started { before_ms })
+        EventBody::TaskCompleted(e) => {
+            let mut seen = Vec::with_capacity(2);
+            if let Some(started) = e.started_at.as_deref() {
+                let started = flowmesh_domain::trace::unix_ms(started);
+                let ended = flowmesh_domain::trace::unix_ms(&event.time);
+                let before_ms = started.zip(ended).map_or(0.0, |(s, e)| e.saturating_sub(s) as f64);
+                seen.push((e.task.workflow_id.clone(), Outcome::Started { before_ms }));
+            }
+            seen.push((e.task.workflow_id.clone(), Outcome::TaskEnded));
+            return seen;
         }
+        EventBody::TaskSkipped(e) => (&e.task.workflow_id, Outcome::TaskEnded),
         EventBody::WorkflowFailed(e) => {
             (&e.workflow_id, Outcome::Failed(format!("failed: {}", e.reason.as_deref().unwrap_or("no reason given"))))
         }
@@ -472,45 +492,16 @@ fn outcome(event: &Event) -> Option<(String, Outcome)> {
                 e.errors.first().map(ToString::to_string).unwrap_or_else(|| "no problem listed".to_owned())
             )),
         ),
-        _ => return None,
+        _ => return Vec::new(),
     };
-    Some((wf.clone(), what))
+    vec![(wf.clone(), what)]
 }
 
-/// The workflow `event` completes, if it is its last task's completion: nobody stores that
-/// `workflow.completed` (readers derive it with the fold, `State::apply_deriving`). The bench
-/// counts instead of folding, so that its follower holds a number per workflow in flight, not a
-/// second copy of the router's state; its own workflows are never cancelled, and the stream keeps
-/// one end per task attempt.
-fn completes(event: &Event, unfinished: &mut HashMap<String, usize>) -> Option<String> {
-    let workflow_id = match &event.body {
-        EventBody::SubmissionAccepted(e) => {
-            unfinished.insert(e.workflow_id.clone(), e.task_ids.len());
-            return None;
-        }
-        EventBody::TaskCompleted(e) => &e.task.workflow_id,
-        EventBody::TaskSkipped(e) => &e.task.workflow_id,
-        _ => return None,
-    };
-    let left = unfinished.get_mut(workflow_id)?;
-    *left = left.saturating_sub(1);
-    if *left > 0 {
-        return None;
-    }
-    unfinished.remove(workflow_id);
-    Some(workflow_id.clone())
-}
-
-/// The kinds `outcome` and `completes` look at.
-const TIMED: [&str; 7] = [
-    "submission.accepted",
-    "submission.rejected",
-    "task.started",
-    "task.completed",
-    "task.skipped",
-    "workflow.failed",
-    "workflow.cancelled",
-];
+/// The kinds `outcomes` looks at. Not `submission.accepted`: the bench knows how many tasks each
+/// of its workflows holds, so an accepted submission tells it nothing, and skipping it saves a
+/// delivery per workflow.
+const TIMED: [&str; 6] =
+    ["submission.rejected", "task.started", "task.completed", "task.skipped", "workflow.failed", "workflow.cancelled"];
 
 /// The subjects of the kinds in `TIMED`, each as a service writes it (`<workflow>.<task>.<kind>`)
 /// and as a worker reports it (its id last): the server sends the follower only these, so the
@@ -536,15 +527,13 @@ async fn follow_outcomes(
     let mut messages = consumer.messages().await?;
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let task = tokio::spawn(async move {
-        let mut unfinished = HashMap::new();
         while let Some(message) = messages.next().await {
             let at = Instant::now();
             // An ordered consumer recreates itself after a reconnect; an error here is a pause.
             let Ok(message) = message else { continue };
             let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
             let Ok(event) = Event::read(suffix, &message.payload) else { continue };
-            let completed = completes(&event, &mut unfinished).map(|workflow_id| (workflow_id, Outcome::Completed));
-            for (workflow_id, what) in outcome(&event).into_iter().chain(completed) {
+            for (workflow_id, what) in outcomes(&event) {
                 if tx.send(Seen { workflow_id, what, at }).await.is_err() {
                     return;
                 }
@@ -558,6 +547,8 @@ async fn follow_outcomes(
 struct Flight {
     submitted_at: Instant,
     started: bool,
+    /// Tasks not yet ended (`Outcome::TaskEnded`).
+    tasks_left: usize,
 }
 
 struct Pipeline {
@@ -572,6 +563,19 @@ struct Pipeline {
 }
 
 impl Pipeline {
+    /// Nothing submitted yet, at `begin`.
+    fn new(begin: Instant) -> Pipeline {
+        Pipeline {
+            submitted: 0,
+            completed: 0,
+            failures: Vec::new(),
+            to_start: Vec::new(),
+            to_done: Vec::new(),
+            last_end: begin,
+            end: RunEnd::Finished,
+        }
+    }
+
     /// Records one outcome of a workflow of ours; returns whether the workflow ended.
     fn settle(&mut self, flight: &mut Flight, workflow_id: &str, what: Outcome, at: Instant) -> bool {
         let elapsed = ms(at.saturating_duration_since(flight.submitted_at));
@@ -582,7 +586,11 @@ impl Pipeline {
                 false
             }
             Outcome::Started { .. } => false,
-            Outcome::Completed => {
+            Outcome::TaskEnded => {
+                flight.tasks_left = flight.tasks_left.saturating_sub(1);
+                if flight.tasks_left > 0 {
+                    return false;
+                }
                 self.completed += 1;
                 self.to_done.push(elapsed);
                 self.last_end = self.last_end.max(at);
@@ -613,6 +621,7 @@ enum Pace {
 async fn pipeline(
     js: &jetstream::Context,
     bodies: &[Vec<u8>],
+    tasks: &[usize],
     pace: Pace,
     timeout: Duration,
     mut stop: Shutdown,
@@ -620,15 +629,7 @@ async fn pipeline(
     let (mut seen, follower) = follow_outcomes(js).await?;
     let total = bodies.len();
     let begin = Instant::now();
-    let mut p = Pipeline {
-        submitted: 0,
-        completed: 0,
-        failures: Vec::new(),
-        to_start: Vec::new(),
-        to_done: Vec::new(),
-        last_end: begin,
-        end: RunEnd::Finished,
-    };
+    let mut p = Pipeline::new(begin);
     let mut in_flight: HashMap<String, Flight> = HashMap::new();
     // Events that arrived before their submission's ack told us the workflow id (or that belong
     // to someone else's workflow on a shared stack).
@@ -648,18 +649,19 @@ async fn pipeline(
         }
         Pace::Burst(_) => None,
     };
-    let submit_one = |body: Vec<u8>| {
-        let js = js.clone();
+    // The `n`-th workflow, with the number of tasks it holds.
+    let submit_one = |n: usize| {
+        let (js, body, tasks) = (js.clone(), bodies[n].clone(), tasks[n]);
         async move {
             let submitted_at = Instant::now();
-            (submitted_at, submit::submit(&js, body, None).await)
+            (submitted_at, tasks, submit::submit(&js, body, None).await)
         }
     };
 
     loop {
         if let Pace::Burst(concurrency) = pace {
             while next < total && submits.len() + in_flight.len() < concurrency {
-                submits.push(submit_one(bodies[next].clone()));
+                submits.push(submit_one(next));
                 next += 1;
             }
         }
@@ -674,13 +676,13 @@ async fn pipeline(
         };
         tokio::select! {
             _ = tick, if next < total => {
-                submits.push(submit_one(bodies[next].clone()));
+                submits.push(submit_one(next));
                 next += 1;
             }
-            Some((submitted_at, result)) = submits.next(), if !submits.is_empty() => match result {
+            Some((submitted_at, tasks_left, result)) = submits.next(), if !submits.is_empty() => match result {
                 Ok((workflow_id, _)) => {
                     p.submitted += 1;
-                    let mut flight = Flight { submitted_at, started: false };
+                    let mut flight = Flight { submitted_at, started: false, tasks_left };
                     let mut ended = false;
                     for (what, at) in early.remove(&workflow_id).unwrap_or_default() {
                         ended |= p.settle(&mut flight, &workflow_id, what, at);
@@ -972,6 +974,7 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use flowmesh_domain::event::{TaskCompleted, TaskDispatched, TaskRef, TaskSkipped, TaskStarted};
 
     /// Whether a NATS filter (`*` one token, `>` the rest) takes `subject`.
     fn takes(filter: &str, subject: &str) -> bool {
@@ -998,10 +1001,83 @@ mod tests {
                 assert_eq!(taken(&subjects::event(&suffix)), 1, "{suffix}");
             }
         }
-        for suffix in ["wf-1.wf-1-main.task.dispatched.w1", "wf-1.wf-1-main.task.updated.w1", "fleet._.worker.joined"] {
+        for suffix in [
+            "wf-1.wf-1-main.task.dispatched.w1",
+            "wf-1.wf-1-main.task.updated.w1",
+            "fleet._.worker.joined",
+            "wf-1._.submission.accepted",
+        ] {
             assert_eq!(taken(&subjects::event(suffix)), 0, "{suffix}");
         }
         assert!(!takes("a.*", "a.b.c") && takes("a.>", "a.b.c") && !takes("a.b.c", "a.b"));
+    }
+
+    fn task(workflow: &str, stage: &str) -> TaskRef {
+        TaskRef {
+            workflow_id: workflow.into(),
+            task_id: format!("{workflow}-{stage}"),
+            stage: stage.into(),
+            attempt: 1,
+        }
+    }
+
+    fn completed(task: TaskRef, started_at: Option<&str>) -> Event {
+        let body = EventBody::TaskCompleted(TaskCompleted {
+            task,
+            worker_id: "w1".into(),
+            result: None,
+            result_object: None,
+            artifacts: Vec::new(),
+            upload_ms: None,
+            started_at: started_at.map(str::to_owned),
+        });
+        Event::new(body, "2026-11-26T00:00:00.250Z".into(), 0)
+    }
+
+    #[test]
+    fn a_completion_ends_a_task_and_reports_its_start_when_it_carries_one() {
+        let started = EventBody::TaskStarted(TaskStarted { task: task("wf-2", "a"), worker_id: "w1".into() });
+        let skipped = EventBody::TaskSkipped(TaskSkipped { task: task("wf-3", "b"), reason: "upstream failed".into() });
+        let dispatched = EventBody::TaskDispatched(TaskDispatched {
+            task: task("wf-4", "a"),
+            worker_id: "w1".into(),
+            task_type: "echo".into(),
+            message: "m".into(),
+            order: None,
+        });
+        let at = |body| Event::new(body, "t".into(), 0);
+        // (what, the event, what the bench makes of it: workflow and outcome)
+        type Case = (&'static str, Event, Vec<(&'static str, Outcome)>);
+        let cases: Vec<Case> = vec![
+            (
+                "a completion with its start",
+                completed(task("wf-1", "a"), Some("2026-11-26T00:00:00.200Z")),
+                vec![("wf-1", Outcome::Started { before_ms: 50.0 }), ("wf-1", Outcome::TaskEnded)],
+            ),
+            (
+                "a completion after a stored start",
+                completed(task("wf-1", "a"), None),
+                vec![("wf-1", Outcome::TaskEnded)],
+            ),
+            ("a stored start", at(started), vec![("wf-2", Outcome::Started { before_ms: 0.0 })]),
+            ("a skipped task", at(skipped), vec![("wf-3", Outcome::TaskEnded)]),
+            ("a dispatch is not timed", at(dispatched), vec![]),
+        ];
+        for (what, event, want) in cases {
+            let got = outcomes(&event);
+            let want: Vec<(String, Outcome)> = want.into_iter().map(|(w, o)| (w.to_owned(), o)).collect();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_workflow_completes_at_its_last_task_end() {
+        let now = Instant::now();
+        let mut p = Pipeline::new(now);
+        let mut flight = Flight { submitted_at: now, started: false, tasks_left: 3 };
+        let ends: Vec<bool> = (0..3).map(|_| p.settle(&mut flight, "wf-1", Outcome::TaskEnded, now)).collect();
+        assert_eq!(ends, [false, false, true]);
+        assert_eq!((p.completed, p.to_done.len()), (1, 1));
     }
 
     fn check_mix(text: &str, want: Result<Vec<(TaskKind, u32)>, MixError>) {
@@ -1078,7 +1154,7 @@ mod tests {
             let doc = kind.document(17);
             match flowmesh_domain::validate_submission(doc.as_bytes(), "wf-1") {
                 Ok(workflow) => {
-                    assert_eq!(workflow.tasks.len(), 1, "{doc}");
+                    assert_eq!(workflow.tasks.len(), kind.tasks(), "{doc}");
                     assert_eq!(workflow.tasks[0].task_type, kind.name(), "{doc}");
                 }
                 Err(problems) => panic!("{} document is invalid: {problems:?}\n{doc}", kind.name()),
