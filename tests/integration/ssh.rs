@@ -108,6 +108,28 @@ fn ssh_command(key: &std::path::Path, port: u64, command: &str) -> std::process:
         .expect("the ssh client runs")
 }
 
+/// Whether a session can be reached here: the Docker engine and an ssh client.
+fn sessions_ready() -> bool {
+    if !docker_ready() {
+        return false;
+    }
+    if std::process::Command::new("ssh").arg("-V").output().is_err() {
+        eprintln!("skipping: no ssh client");
+        return false;
+    }
+    true
+}
+
+/// A key pair for the session's owner and one for a stranger, in `world`'s folder: (owner's
+/// private key, stranger's private key, owner's public key).
+fn owner_and_stranger(world: &World, owner: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let key = world.dir.path().join(owner);
+    let stranger = world.dir.path().join("id_stranger");
+    let public = keygen(&key);
+    keygen(&stranger);
+    (key, stranger, public)
+}
+
 fn keygen(path: &std::path::Path) -> String {
     let status = std::process::Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-f", path.to_str().unwrap()])
@@ -119,19 +141,12 @@ fn keygen(path: &std::path::Path) -> String {
 #[tokio::test]
 #[ignore = "long suite: ./tools/test.sh --long"]
 async fn an_interactive_session_says_where_to_connect_admits_its_key_and_ends_when_idle() -> anyhow::Result<()> {
-    if !docker_ready() {
-        return Ok(());
-    }
-    if std::process::Command::new("ssh").arg("-V").output().is_err() {
-        eprintln!("skipping: no ssh client");
+    if !sessions_ready() {
         return Ok(());
     }
     let mut world = World::start().await?;
     world.stack().await?;
-    let key = world.dir.path().join("id_session");
-    let stranger = world.dir.path().join("id_stranger");
-    let public = keygen(&key);
-    keygen(&stranger);
+    let (key, stranger, public) = owner_and_stranger(&world, "id_session");
     let doc = format!(
         "apiVersion: flowmesh/v1\nkind: SSH\nmetadata: {{name: session}}\nspec:\n  taskType: ssh\n  image: {SSHD_IMAGE}\n  authorizedKeys: [\"{public}\"]\n  ttlSeconds: 120\n  idleTimeoutSeconds: 6\n"
     );
@@ -188,19 +203,12 @@ async fn an_interactive_session_says_where_to_connect_admits_its_key_and_ends_wh
 
 #[tokio::test]
 async fn ssh_run_and_connect_reach_a_running_session_with_the_owner_s_key_only() -> anyhow::Result<()> {
-    if !docker_ready() {
-        return Ok(());
-    }
-    if std::process::Command::new("ssh").arg("-V").output().is_err() {
-        eprintln!("skipping: no ssh client");
+    if !sessions_ready() {
         return Ok(());
     }
     let mut world = World::start().await?;
     world.stack().await?;
-    let key = world.dir.path().join("id_owner");
-    let stranger = world.dir.path().join("id_stranger");
-    let public = keygen(&key);
-    keygen(&stranger);
+    let (key, stranger, public) = owner_and_stranger(&world, "id_owner");
     // First a workflow that is not a session. (It also makes the session wf-2: containers are
     // named after the task id, and another test's world runs a wf-1-main session on this engine.)
     let echo = world.submit(&tests::example("valid/echo.yaml"), None).await?;

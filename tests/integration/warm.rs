@@ -23,6 +23,30 @@ fn dispatched(events: &[flowmesh_domain::Event], workflow_id: &str) -> (String, 
         .expect("dispatched")
 }
 
+/// The config of worker `id` with a stand-in inference executor whose prewarm "downloads" the
+/// model into the worker's own hub cache, as a file of `bytes` bytes.
+fn prewarming_worker(world: &World, id: &str, bytes: usize) -> anyhow::Result<flowmesh_worker::Config> {
+    let plugin = world.dir.path().join(format!("{id}.toml"));
+    std::fs::write(
+        &plugin,
+        format!(
+            r#"[[executor]]
+name = "stand-in"
+task_types = ["inference"]
+probe = ["true"]
+command = ["true"]
+prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMESH_PREWARM_MODEL\" | sed 's#/#--#g')/blobs\"; mkdir -p \"$d\" && head -c {bytes} /dev/zero > \"$d/weights\""]
+"#
+        ),
+    )?;
+    let cache = world.dir.path().join(format!("{id}-hub"));
+    std::fs::create_dir_all(&cache)?;
+    let mut config = worker_config(world, id, None);
+    config.executors_file = Some(plugin);
+    config.model_cache = Some(cache);
+    Ok(config)
+}
+
 #[tokio::test]
 async fn a_worker_holding_the_model_wins_among_eligible_workers_and_plan_says_so() -> anyhow::Result<()> {
     let mut world = World::start().await?;
@@ -90,24 +114,7 @@ async fn a_worker_holding_the_model_wins_among_eligible_workers_and_plan_says_so
 async fn a_prewarm_hint_makes_an_idle_worker_load_the_model_and_advertise_it() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.control_plane().await?;
-    // A stand-in runner whose prewarm "downloads" the model into the hub cache.
-    let plugin = world.dir.path().join("infer.toml");
-    std::fs::write(
-        &plugin,
-        r#"[[executor]]
-name = "stand-in"
-task_types = ["inference"]
-probe = ["true"]
-command = ["true"]
-prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMESH_PREWARM_MODEL\" | sed 's#/#--#g')/blobs\"; mkdir -p \"$d\" && head -c 2048 /dev/zero > \"$d/weights\""]
-"#,
-    )?;
-    let cache = world.dir.path().join("hub");
-    std::fs::create_dir_all(&cache)?;
-    let mut config = worker_config(&world, "w1", None);
-    config.executors_file = Some(plugin);
-    config.model_cache = Some(cache);
-    world.worker(config).await?;
+    world.worker(prewarming_worker(&world, "w1", 2048)?).await?;
     world
         .wait_for("the worker to join", |events| events.iter().any(|e| matches!(e.body, EventBody::WorkerJoined(_))))
         .await?;
@@ -143,24 +150,8 @@ prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMES
 async fn the_router_prewarms_a_model_on_an_idle_worker_while_the_upstream_stage_runs() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.control_plane().await?;
-    let plugin = world.dir.path().join("infer.toml");
-    std::fs::write(
-        &plugin,
-        r#"[[executor]]
-name = "stand-in"
-task_types = ["inference"]
-probe = ["true"]
-command = ["true"]
-prewarm = ["/bin/sh", "-c", "d=\"$FLOWMESH_MODEL_CACHE/models--$(echo \"$FLOWMESH_PREWARM_MODEL\" | sed 's#/#--#g')/blobs\"; mkdir -p \"$d\" && head -c 512 /dev/zero > \"$d/weights\""]
-"#,
-    )?;
-    let cache = world.dir.path().join("hub");
-    std::fs::create_dir_all(&cache)?;
     world.worker(worker_config(&world, "cpu-1", None)).await?;
-    let mut config = worker_config(&world, "infer-1", None);
-    config.executors_file = Some(plugin);
-    config.model_cache = Some(cache);
-    world.worker(config).await?;
+    world.worker(prewarming_worker(&world, "infer-1", 512)?).await?;
     world
         .wait_for("both workers to join", |events| {
             events.iter().filter(|e| matches!(e.body, EventBody::WorkerJoined(_))).count() == 2
