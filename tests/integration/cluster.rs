@@ -1,39 +1,69 @@
 //! A client run against a NATS cluster with no `FLOWMESH_REPLICAS` creates replicated streams.
 
-use flowmesh::nats_server::{NatsServer, free_port};
+use flowmesh::nats_server::NatsServer;
 use std::time::{Duration, Instant};
 
-/// Three JetStream servers on loopback, routed to each other.
-async fn cluster(dir: &std::path::Path) -> anyhow::Result<Vec<NatsServer>> {
-    let routes: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_, _>>()?;
-    let mut servers = Vec::new();
-    for (i, route) in routes.iter().enumerate() {
-        let others: Vec<String> =
-            routes.iter().filter(|r| *r != route).map(|r| format!("\"nats-route://127.0.0.1:{r}\"")).collect();
-        let config = dir.join(format!("n{i}.conf"));
-        std::fs::write(
-            &config,
-            format!(
-                "server_name: n{i}\ncluster {{ name: flowmesh-test, listen: \"127.0.0.1:{route}\", routes: [{}] }}\n",
-                others.join(", ")
-            ),
-        )?;
-        servers.push(NatsServer::start_with(None, &dir.join(format!("n{i}")), None, Some(&config), &[]).await?);
+/// `n` distinct free loopback ports. Their listeners are held together while the ports are read,
+/// so none is handed out twice (one bound after another was released can be the same port).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+/// Three JetStream servers on loopback, routed to each other, and a client of the first once it
+/// tells its clients of all three (a deadline, not a sleep). A port free a moment ago can be taken
+/// before its server binds it, and a server whose route port is taken exits, possibly after it
+/// accepted clients: the cluster is then started again on other ports.
+async fn cluster(dir: &std::path::Path) -> anyhow::Result<(Vec<NatsServer>, async_nats::Client)> {
+    const ATTEMPTS: usize = 3;
+    let mut why = String::new();
+    for attempt in 1..=ATTEMPTS {
+        let ports = free_ports(6)?;
+        let (clients, routes) = ports.split_at(3);
+        let mut servers = Vec::new();
+        for (i, route) in routes.iter().enumerate() {
+            let others: Vec<String> =
+                routes.iter().filter(|r| *r != route).map(|r| format!("\"nats-route://127.0.0.1:{r}\"")).collect();
+            let config = dir.join(format!("a{attempt}-n{i}.conf"));
+            std::fs::write(
+                &config,
+                format!(
+                    "server_name: n{i}\ncluster {{ name: flowmesh-test, listen: \"127.0.0.1:{route}\", routes: [{}] }}\n",
+                    others.join(", ")
+                ),
+            )?;
+            let store = dir.join(format!("a{attempt}-n{i}"));
+            match NatsServer::start_with(None, &store, Some(clients[i]), Some(&config), &[]).await {
+                Ok(server) => servers.push(server),
+                Err(e) => {
+                    why = format!("n{i} did not start: {e:#}");
+                    break;
+                }
+            }
+        }
+        if servers.len() == 3 {
+            let client = async_nats::connect(servers[0].url()).await?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while client.server_info().connect_urls.len() < 3 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if client.server_info().connect_urls.len() == 3 {
+                return Ok((servers, client));
+            }
+            why = format!("the cluster did not form: {:?}", client.server_info());
+        }
+        eprintln!("cluster, attempt {attempt} of {ATTEMPTS}: {why}");
+        for server in &mut servers {
+            server.stop().await;
+        }
     }
-    Ok(servers)
+    anyhow::bail!("{why}")
 }
 
 #[tokio::test]
 async fn streams_created_on_a_cluster_without_flowmesh_replicas_are_replicated_on_three_nodes() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut servers = cluster(dir.path()).await?;
-    // Formed once the first node tells its clients of all three (a deadline, not a sleep).
-    let client = async_nats::connect(servers[0].url()).await?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while client.server_info().connect_urls.len() < 3 {
-        anyhow::ensure!(Instant::now() < deadline, "the cluster did not form: {:?}", client.server_info());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut servers, client) = cluster(dir.path()).await?;
 
     let out = tokio::process::Command::new(tests::flowmesh_bin())
         .args(["streams", "apply"])
