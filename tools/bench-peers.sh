@@ -13,14 +13,8 @@ set -euo pipefail
 n=${1:-2000}
 command -v redis-server >/dev/null || { echo "bench-peers: redis-server is not on PATH (apt-get install redis-server)" >&2; exit 1; }
 python3 -m pip install --quiet --disable-pip-version-check "celery==5.4.0" "redis==6.2.0" "ray==2.40.0"
-dir=$(mktemp -d)
-pids=()
-stop() {
-  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null
-  wait 2>/dev/null
-  rm -rf "$dir"
-}
-trap stop EXIT
+source "$(dirname "$0")/scratch.sh"
+scratch_start bench-peers
 cd "$dir"
 
 cat >peerapp.py <<'EOF'
@@ -84,18 +78,16 @@ print(f"ray (one node): {n} tasks in {wall:.2f} s = {n / wall:.0f} tasks/s")
 ray.shutdown()
 EOF
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" >"$dir/redis.log" 2>&1 &
 pids+=($!)
 export PEER_REDIS_URL="redis://127.0.0.1:$port/0"
-# Wait (with a deadline) for each step to be up, never a fixed sleep.
-ready() { for _ in $(seq 300); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done; echo "bench-peers: $* never answered" >&2; exit 1; }
-ready redis-cli -p "$port" ping
+wait_until redis-server redis-cli -p "$port" ping
 for queues in echo echo echo,train echo,train; do
   celery -A peerapp worker -Q "$queues" -c 1 -P solo --loglevel=warning >>"$dir/celery.log" 2>&1 &
   pids+=($!)
 done
 four_workers() { [ "$(celery -A peerapp inspect ping 2>/dev/null | grep -c pong)" -ge 4 ]; }
-ready four_workers
+wait_until "four celery workers" four_workers
 python3 celery_submit.py "$n"
 python3 ray_bench.py "$n" 2>&1 | tail -1

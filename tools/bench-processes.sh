@@ -25,30 +25,13 @@ for b in flowmesh flowmesh-validator flowmesh-router flowmesh-worker; do
 done
 command -v nats-server >/dev/null || { echo "bench-processes: nats-server is not on PATH; run ./tools/install-deps.sh" >&2; exit 1; }
 
-dir=$(mktemp -d)
-pids=()
-stop() {
-  [ ${#pids[@]} -gt 0 ] && kill "${pids[@]}" 2>/dev/null
-  wait 2>/dev/null
-  rm -rf "$dir"
-}
-trap stop EXIT
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+source tools/scratch.sh
+scratch_start bench-processes
+port=$(free_port)
 printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "1s" }\n' "$port" "$dir" >"$dir/nats.conf"
 nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
 pids+=($!)
 export NATS_URL="nats://127.0.0.1:$port" RUST_LOG=warn
-# Wait (with a deadline) for each step to be up, never a fixed sleep.
-wait_until() {
-  local what=$1
-  shift
-  for _ in $(seq 300); do
-    if "$@" >/dev/null 2>&1; then return 0; fi
-    sleep 0.1
-  done
-  echo "bench-processes: $what did not come up within 30 s (logs in $dir)" >&2
-  exit 1
-}
 wait_until nats-server bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
 "$bin/flowmesh-validator" >"$dir/validator.log" 2>&1 &
 pids+=($!)
