@@ -1,14 +1,7 @@
 //! A client run against a NATS cluster with no `FLOWMESH_REPLICAS` creates replicated streams.
 
-use flowmesh::nats_server::NatsServer;
+use flowmesh::nats_server::{NatsServer, free_ports};
 use std::time::{Duration, Instant};
-
-/// `n` distinct free loopback ports. Their listeners are held together while the ports are read,
-/// so none is handed out twice (one bound after another was released can be the same port).
-fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
-}
 
 /// Three JetStream servers on loopback, routed to each other, and a client of the first once it
 /// tells its clients of all three (a deadline, not a sleep). A port free a moment ago can be taken

@@ -71,7 +71,7 @@ async fn scrape(port: u16) -> anyhow::Result<String> {
 #[tokio::test]
 async fn metrics_count_verdicts_dispatches_and_tasks() -> anyhow::Result<()> {
     let mut world = World::start().await?;
-    let ports: Vec<u16> = (0..3).map(|_| flowmesh::nats_server::free_port()).collect::<Result<_, _>>()?;
+    let ports = flowmesh::nats_server::free_ports(3)?;
     let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
     let (v, r, w) = (addr(0), addr(1), addr(2));
     world.process_of(&tests::binary("flowmesh-validator"), "validator", &[], &[("METRICS_ADDR", v.as_str())])?;

@@ -34,6 +34,14 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// `n` distinct ports that were free a moment ago. Their listeners are held together while the
+/// ports are read, so none is handed out twice, as a port released by one `free_port` may be by
+/// the next.
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
 impl NatsServer {
     /// Starts `nats-server` (from PATH unless `binary` is given) and waits until it accepts connections.
     pub async fn start(binary: Option<&Path>, store_dir: &Path, port: Option<u16>) -> anyhow::Result<NatsServer> {
