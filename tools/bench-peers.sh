@@ -4,8 +4,9 @@
 # echo and train with a 200-byte payload, a burst of N, timed from the first submission to the
 # last result. Celery 5.4 with Redis as broker and result backend (default settings: prefetch 4,
 # RDB snapshots), and Ray 2.40 on one node (four CPUs, "train" a custom resource of two).
-# FlowMesh's figure in the same shape is
+# FlowMesh's figure beside them is
 #   target/release/flowmesh bench --dev --tasks N --concurrency N --workers 4 --slots 1 --mix echo=1
+# whose four workers all serve echo (the peers' rates are the same without the gating: BENCHMARKS).
 # Needs redis-server on PATH (Debian's package); installs celery, redis-py and ray through pip.
 #
 #   tools/bench-peers.sh [N]        (default 2000)

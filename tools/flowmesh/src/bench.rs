@@ -345,8 +345,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         Some(per_sec) => Pace::Rate(per_sec),
         None => Pace::Burst(options.concurrency),
     };
-    let tasks: Vec<usize> = kinds.iter().map(|k| k.tasks()).collect();
-    let (p, begin) = pipeline(js, &bodies, &tasks, pace, options.timeout, stop).await?;
+    let (p, begin) = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     let after = stream_sequences(js).await?;
@@ -621,7 +620,7 @@ enum Pace {
 async fn pipeline(
     js: &jetstream::Context,
     bodies: &[Vec<u8>],
-    tasks: &[usize],
+    kinds: &[TaskKind],
     pace: Pace,
     timeout: Duration,
     mut stop: Shutdown,
@@ -651,7 +650,7 @@ async fn pipeline(
     };
     // The `n`-th workflow, with the number of tasks it holds.
     let submit_one = |n: usize| {
-        let (js, body, tasks) = (js.clone(), bodies[n].clone(), tasks[n]);
+        let (js, body, tasks) = (js.clone(), bodies[n].clone(), kinds[n].tasks());
         async move {
             let submitted_at = Instant::now();
             (submitted_at, tasks, submit::submit(&js, body, None).await)
