@@ -233,6 +233,30 @@ pub enum RunEnd {
     Interrupted,
 }
 
+/// One workflow as the bench saw it, in ms from the run's first submission: `flowmesh bench
+/// --samples` writes one line of these per workflow, so a tail can be placed in time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    pub submitted_ms: f64,
+    /// `None` when no task of it was seen starting.
+    pub to_start_ms: Option<f64>,
+    /// `None` when it failed.
+    pub to_done_ms: Option<f64>,
+}
+
+/// `samples` as CSV with a header, in order of submission; a figure that was not measured is an
+/// empty cell.
+pub fn samples_csv(samples: &[Sample]) -> String {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.submitted_ms.total_cmp(&b.submitted_ms));
+    let cell = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
+    let mut out = String::from("submitted_ms,to_start_ms,to_done_ms\n");
+    for s in sorted {
+        out.push_str(&format!("{:.3},{},{}\n", s.submitted_ms, cell(s.to_start_ms), cell(s.to_done_ms)));
+    }
+    out
+}
+
 /// A workflow that did not complete, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
@@ -302,6 +326,9 @@ pub struct Report {
     /// The most memory each measured process has held (`VmHWM`), in MiB, read after the run.
     #[serde(default)]
     pub peak_rss_mib: BTreeMap<String, f64>,
+    /// Every ended workflow's timeline (`samples_csv`); not part of `--json`.
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
 }
 
 impl Report {
@@ -387,6 +414,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         efficiency,
         cpu_ms_per_task,
         peak_rss_mib,
+        samples: p.samples,
     })
 }
 
@@ -497,16 +525,22 @@ fn outcomes(event: &Event) -> Vec<(String, Outcome)> {
 }
 
 /// The kinds `outcomes` looks at. Not `submission.accepted`: the bench knows how many tasks each
-/// of its workflows holds, so an accepted submission tells it nothing, and skipping it saves a
-/// delivery per workflow.
+/// of its workflows holds, so an accepted submission tells it nothing.
 const TIMED: [&str; 6] =
     ["submission.rejected", "task.started", "task.completed", "task.skipped", "workflow.failed", "workflow.cancelled"];
 
-/// The subjects of the kinds in `TIMED`, each as a service writes it (`<workflow>.<task>.<kind>`)
-/// and as a worker reports it (its id last): the server sends the follower only these, so the
-/// dispatches, the largest events, never reach it.
-fn timed_subjects() -> Vec<String> {
-    TIMED.iter().flat_map(|kind| [subjects::event(&format!("*.*.{kind}")), subjects::reports(kind, "*")]).collect()
+/// Whether an event's subject suffix (`<workflow>.<task>.<kind>`, a worker's id after it on a
+/// report) names a kind in `TIMED`. The follower takes every event and decodes only these: a
+/// consumer filtered on the kinds (wildcards in the workflow and task tokens) made the server walk
+/// its index of every subject the stream holds each time the follower's next match lay past a
+/// block of the stream, holding the stream's writes meanwhile, so the bench stalled the pipeline
+/// it measured, the longer the more history (BENCHMARKS, "Eleventh round").
+fn is_timed(suffix: &str) -> bool {
+    let mut kind = suffix.splitn(5, '.').skip(2);
+    let (Some(noun), Some(verb)) = (kind.next(), kind.next()) else {
+        return false;
+    };
+    TIMED.iter().any(|timed| timed.split_once('.') == Some((noun, verb)))
 }
 
 /// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
@@ -516,7 +550,6 @@ async fn follow_outcomes(
     let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
     let consumer = stream
         .create_consumer(consumer::pull::OrderedConfig {
-            filter_subjects: timed_subjects(),
             // Created before the first submission, so nothing of ours is older than it.
             deliver_policy: consumer::DeliverPolicy::New,
             ..Default::default()
@@ -531,6 +564,9 @@ async fn follow_outcomes(
             // An ordered consumer recreates itself after a reconnect; an error here is a pause.
             let Ok(message) = message else { continue };
             let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+            if !is_timed(suffix) {
+                continue;
+            }
             let Ok(event) = Event::read(suffix, &message.payload) else { continue };
             for (workflow_id, what) in outcomes(&event) {
                 if tx.send(Seen { workflow_id, what, at }).await.is_err() {
@@ -545,7 +581,8 @@ async fn follow_outcomes(
 /// A workflow between its submission and its end.
 struct Flight {
     submitted_at: Instant,
-    started: bool,
+    /// Submit→start of its first task to start, once seen.
+    to_start_ms: Option<f64>,
     /// Tasks not yet ended (`Outcome::TaskEnded`).
     tasks_left: usize,
 }
@@ -556,6 +593,9 @@ struct Pipeline {
     failures: Vec<Failure>,
     to_start: Vec<f64>,
     to_done: Vec<f64>,
+    samples: Vec<Sample>,
+    /// When the first workflow was submitted.
+    begin: Instant,
     /// When the last workflow ended: the wall time stops here, not when the follower is closed.
     last_end: Instant,
     end: RunEnd,
@@ -570,6 +610,8 @@ impl Pipeline {
             failures: Vec::new(),
             to_start: Vec::new(),
             to_done: Vec::new(),
+            samples: Vec::new(),
+            begin,
             last_end: begin,
             end: RunEnd::Finished,
         }
@@ -578,10 +620,16 @@ impl Pipeline {
     /// Records one outcome of a workflow of ours; returns whether the workflow ended.
     fn settle(&mut self, flight: &mut Flight, workflow_id: &str, what: Outcome, at: Instant) -> bool {
         let elapsed = ms(at.saturating_duration_since(flight.submitted_at));
+        let sample = |flight: &Flight, to_done_ms| Sample {
+            submitted_ms: ms(flight.submitted_at.saturating_duration_since(self.begin)),
+            to_start_ms: flight.to_start_ms,
+            to_done_ms,
+        };
         match what {
-            Outcome::Started { before_ms } if !flight.started => {
-                flight.started = true;
-                self.to_start.push((elapsed - before_ms).max(0.0));
+            Outcome::Started { before_ms } if flight.to_start_ms.is_none() => {
+                let to_start = (elapsed - before_ms).max(0.0);
+                flight.to_start_ms = Some(to_start);
+                self.to_start.push(to_start);
                 false
             }
             Outcome::Started { .. } => false,
@@ -592,10 +640,12 @@ impl Pipeline {
                 }
                 self.completed += 1;
                 self.to_done.push(elapsed);
+                self.samples.push(sample(flight, Some(elapsed)));
                 self.last_end = self.last_end.max(at);
                 true
             }
             Outcome::Failed(reason) => {
+                self.samples.push(sample(flight, None));
                 self.failures.push(Failure { workflow_id: Some(workflow_id.to_owned()), reason });
                 self.last_end = self.last_end.max(at);
                 true
@@ -681,7 +731,7 @@ async fn pipeline(
             Some((submitted_at, tasks_left, result)) = submits.next(), if !submits.is_empty() => match result {
                 Ok((workflow_id, _)) => {
                     p.submitted += 1;
-                    let mut flight = Flight { submitted_at, started: false, tasks_left };
+                    let mut flight = Flight { submitted_at, to_start_ms: None, tasks_left };
                     let mut ended = false;
                     for (what, at) in early.remove(&workflow_id).unwrap_or_default() {
                         ended |= p.settle(&mut flight, &workflow_id, what, at);
@@ -975,29 +1025,13 @@ mod tests {
     use super::*;
     use flowmesh_domain::event::{TaskCompleted, TaskDispatched, TaskRef, TaskSkipped, TaskStarted};
 
-    /// Whether a NATS filter (`*` one token, `>` the rest) takes `subject`.
-    fn takes(filter: &str, subject: &str) -> bool {
-        let (mut f, mut s) = (filter.split('.'), subject.split('.'));
-        loop {
-            match (f.next(), s.next()) {
-                (Some(">"), Some(_)) => return true,
-                (Some(a), Some(b)) if a == "*" || a == b => {}
-                (None, None) => return true,
-                _ => return false,
-            }
-        }
-    }
-
     #[test]
-    fn the_follower_is_sent_every_timed_event_whoever_wrote_it_and_nothing_else() {
-        let filters = timed_subjects();
-        let taken = |subject: &str| filters.iter().filter(|f| takes(f, subject)).count();
+    fn the_follower_decodes_every_timed_event_whoever_wrote_it_and_nothing_else() {
         for kind in TIMED {
             for suffix in
                 [format!("wf-1._.{kind}"), format!("wf-1.wf-1-main.{kind}"), format!("wf-1.wf-1-main.{kind}.w1")]
             {
-                // Exactly one: the server refuses filters that overlap.
-                assert_eq!(taken(&subjects::event(&suffix)), 1, "{suffix}");
+                assert!(is_timed(&suffix), "{suffix}");
             }
         }
         for suffix in [
@@ -1005,10 +1039,12 @@ mod tests {
             "wf-1.wf-1-main.task.updated.w1",
             "fleet._.worker.joined",
             "wf-1._.submission.accepted",
+            "wf-1.task.completed",
+            "wf-1",
+            "",
         ] {
-            assert_eq!(taken(&subjects::event(suffix)), 0, "{suffix}");
+            assert!(!is_timed(suffix), "{suffix}");
         }
-        assert!(!takes("a.*", "a.b.c") && takes("a.>", "a.b.c") && !takes("a.b.c", "a.b"));
     }
 
     fn task(workflow: &str, stage: &str) -> TaskRef {
@@ -1073,10 +1109,43 @@ mod tests {
     fn a_workflow_completes_at_its_last_task_end() {
         let now = Instant::now();
         let mut p = Pipeline::new(now);
-        let mut flight = Flight { submitted_at: now, started: false, tasks_left: 3 };
+        let mut flight = Flight { submitted_at: now, to_start_ms: None, tasks_left: 3 };
         let ends: Vec<bool> = (0..3).map(|_| p.settle(&mut flight, "wf-1", Outcome::TaskEnded, now)).collect();
         assert_eq!(ends, [false, false, true]);
         assert_eq!((p.completed, p.to_done.len()), (1, 1));
+    }
+
+    /// Each ended workflow leaves one sample: when it was submitted, its first start (a later
+    /// task's start changes nothing) and its end, or no end when it failed.
+    #[test]
+    fn an_ended_workflow_leaves_a_sample_of_its_timeline() {
+        let begin = Instant::now();
+        let at = |ms: u64| begin + Duration::from_millis(ms);
+        let mut p = Pipeline::new(begin);
+        let mut two_tasks = Flight { submitted_at: at(10), to_start_ms: None, tasks_left: 2 };
+        assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::Started { before_ms: 5.0 }, at(30)));
+        assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::Started { before_ms: 0.0 }, at(40)));
+        assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::TaskEnded, at(50)));
+        assert!(p.settle(&mut two_tasks, "wf-1", Outcome::TaskEnded, at(60)));
+        let mut failing = Flight { submitted_at: at(20), to_start_ms: None, tasks_left: 1 };
+        assert!(p.settle(&mut failing, "wf-2", Outcome::Failed("rejected".into()), at(25)));
+        let want = [
+            Sample { submitted_ms: 10.0, to_start_ms: Some(15.0), to_done_ms: Some(50.0) },
+            Sample { submitted_ms: 20.0, to_start_ms: None, to_done_ms: None },
+        ];
+        assert_eq!(p.samples, want);
+        assert_eq!(p.to_start, [15.0]);
+    }
+
+    #[test]
+    fn samples_are_written_in_order_of_submission_with_empty_cells_for_what_was_not_measured() {
+        let samples = [
+            Sample { submitted_ms: 2.5, to_start_ms: None, to_done_ms: None },
+            Sample { submitted_ms: 1.0, to_start_ms: Some(0.25), to_done_ms: Some(1.5) },
+        ];
+        let want = "submitted_ms,to_start_ms,to_done_ms\n1.000,0.250,1.500\n2.500,,\n";
+        assert_eq!(samples_csv(&samples), want);
+        assert_eq!(samples_csv(&[]), "submitted_ms,to_start_ms,to_done_ms\n");
     }
 
     fn check_mix(text: &str, want: Result<Vec<(TaskKind, u32)>, MixError>) {
@@ -1195,6 +1264,7 @@ mod tests {
             rate: None,
             cpu_ms_per_task: BTreeMap::from([("nats-server 7".to_owned(), 0.25), ("flowmesh bench".to_owned(), 0.5)]),
             peak_rss_mib: BTreeMap::from([("nats-server 7".to_owned(), 40.4)]),
+            samples: Vec::new(),
         };
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");

@@ -53,6 +53,11 @@ pub struct Args {
     timeout_sec: u64,
     #[arg(long)]
     json: bool,
+    /// Also write every workflow's timeline to FILE as CSV (submitted_ms, to_start_ms,
+    /// to_done_ms: ms from the first submission; an empty cell where nothing was measured), to see
+    /// when a tail happened.
+    #[arg(long, value_name = "FILE", conflicts_with = "sweep")]
+    samples: Option<PathBuf>,
 }
 
 pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -127,6 +132,10 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         stack.stop().await;
     }
     let report = report?;
+    if let Some(path) = &args.samples {
+        std::fs::write(path, bench::samples_csv(&report.samples))
+            .map_err(|e| anyhow::anyhow!("writing --samples {}: {e}", path.display()))?;
+    }
     for r in std::iter::once(&report).chain(sweep.iter().map(|p| &p.report)) {
         for f in &r.failures {
             eprintln!("bench: {}: {}", f.workflow_id.as_deref().unwrap_or("(not submitted)"), f.reason);
