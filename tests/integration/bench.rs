@@ -99,10 +99,18 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(memory, ["bench test", "nats-server"], "{report:#?}");
     assert!(report.peak_rss_mib.values().all(|mib| *mib > 1.0), "{report:#?}");
 
+    // Every workflow's timeline, for `--samples`: it starts before it ends; not part of the JSON.
+    assert_eq!(report.samples.len(), 20, "{report:#?}");
+    for s in &report.samples {
+        let (to_start, to_done) = s.to_start_ms.zip(s.to_done_ms).unwrap_or_else(|| panic!("{s:?}"));
+        assert!(s.submitted_ms >= 0.0 && to_start <= to_done, "{s:?}");
+    }
     let json = serde_json::to_string(&report)?;
-    assert_eq!(serde_json::from_str::<Report>(&json)?, report);
+    assert_eq!(serde_json::from_str::<Report>(&json)?, Report { samples: Vec::new(), ..report.clone() });
 
-    // The binary, as a script uses it: JSON on stdout, success in the exit code.
+    // The binary, as a script uses it: JSON on stdout, success in the exit code; the timelines
+    // in the file `--samples` names, one line per workflow after the header.
+    let samples = tempfile::NamedTempFile::new()?;
     let out = world
         .cli(&[
             "bench",
@@ -116,6 +124,8 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
             "--raw-messages",
             "300",
             "--json",
+            "--samples",
+            &samples.path().to_string_lossy(),
         ])
         .await?;
     assert!(out.status.success(), "{}", tests::output_text(&out));
@@ -123,6 +133,11 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("{e}: {}", tests::output_text(&out)))?;
     assert_eq!((report.completed, report.per_type.get(&TaskKind::Echo)), (6, Some(&6)), "{report:#?}");
     assert!(report.raw.is_some_and(|r| r.msgs_per_sec > 0.0));
+    let csv = std::fs::read_to_string(samples.path())?;
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.first(), Some(&"submitted_ms,to_start_ms,to_done_ms"), "{csv}");
+    assert_eq!(lines.len(), 7, "{csv}");
+    assert!(lines[1..].iter().all(|l| l.split(',').all(|cell| cell.parse::<f64>().is_ok())), "{csv}");
     assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
 
     // A sweep: the burst, then the same number at 25, 50 and 90% of its rate, each paced.
