@@ -134,11 +134,11 @@ impl NatsArgs {
 pub const JETSTREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs a service (or a CLI command) until it returns: on a multi-threaded runtime, as a task of
-/// that runtime rather than on the thread that blocks on it. The tasks a service spawns and the messages it waits for
-/// then stay on the runtime's worker threads; run on the blocking thread, every message and every
-/// spawned task was a hand-off to or from it (a wake-up and a context switch each). Measured with
-/// the services as processes: 12-13% more workflows per second, 13% less CPU per workflow in all
-/// processes (BENCHMARKS "Eighth round").
+/// that runtime rather than on the thread that blocks on it. The tasks a service spawns and the
+/// messages it waits for then stay on the runtime's worker threads; run on the blocking thread,
+/// every message and every spawned task was a hand-off to or from it (a wake-up and a context
+/// switch each). Measured with the services as processes: 12-13% more workflows per second, 13%
+/// less CPU per workflow in all processes (BENCHMARKS "Eighth round").
 pub fn serve<F, T>(service: F) -> anyhow::Result<T>
 where
     F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,

@@ -70,6 +70,16 @@ pub fn event_suffix(subject: &str) -> Option<&str> {
     subject.strip_prefix(EVENTS_PREFIX)?.strip_prefix('.')
 }
 
+/// The kind an event's subject suffix names (`<noun>.<verb>`, e.g. `task.dispatched`). A body is
+/// believed only where it agrees with its subject (`Event::read`), so a reader that wants a few
+/// kinds may skip the others by this, without decoding them.
+pub fn event_kind(suffix: &str) -> Option<&str> {
+    let mut dots = suffix.match_indices('.').map(|(at, _)| at);
+    let start = dots.nth(1)? + 1;
+    let end = dots.nth(1).unwrap_or(suffix.len());
+    (start < end).then(|| &suffix[start..end])
+}
+
 /// The kinds a worker reports, each on `flowmesh.events.<workflow>.<task>.<kind>.<worker_id>`.
 pub const REPORT_KINDS: [&str; 5] = ["task.started", "task.updated", "task.completed", "task.failed", "task.cancelled"];
 
@@ -183,4 +193,25 @@ pub fn bench_raw(nonce: &str) -> String {
 /// The temporary stream of one `flowmesh bench --raw` run.
 pub fn bench_raw_stream(nonce: &str) -> String {
     format!("{BENCH_RAW_STREAM_PREFIX}{nonce}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::event_kind;
+
+    #[test]
+    fn the_kind_is_the_third_and_fourth_tokens() {
+        let cases = [
+            ("wf-1.wf-1-a.task.completed.w-1", Some("task.completed")),
+            ("wf-1.wf-1-a.task.dispatched.w-1", Some("task.dispatched")),
+            ("wf-1._.submission.accepted", Some("submission.accepted")),
+            ("fleet._.worker.joined", Some("worker.joined")),
+            ("wf-1.wf-1-a", None),
+            ("wf-1.wf-1-a.", None),
+            ("", None),
+        ];
+        for (suffix, want) in cases {
+            assert_eq!(event_kind(suffix), want, "{suffix}");
+        }
+    }
 }

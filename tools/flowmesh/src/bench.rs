@@ -372,7 +372,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         Some(per_sec) => Pace::Rate(per_sec),
         None => Pace::Burst(options.concurrency),
     };
-    let (p, begin) = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
+    let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     let after = stream_sequences(js).await?;
@@ -381,7 +381,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         .map(|(name, seq)| (name.clone(), seq.saturating_sub(before.get(name).copied().unwrap_or(0))))
         .collect();
     let stored_per_task = (p.completed > 0).then(|| stored.values().sum::<u64>() as f64 / p.completed as f64);
-    let wall_secs = p.last_end.saturating_duration_since(begin).as_secs_f64();
+    let wall_secs = p.last_end.saturating_duration_since(p.begin).as_secs_f64();
     let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
     let ratio_to_raw = raw.as_ref().filter(|r| r.msgs_per_sec > 0.0).map(|r| tasks_per_sec / r.msgs_per_sec);
     let efficiency = ratio_to_raw.zip(stored_per_task).map(|(ratio, per_task)| ratio * per_task);
@@ -536,11 +536,7 @@ const TIMED: [&str; 6] =
 /// block of the stream, holding the stream's writes meanwhile, so the bench stalled the pipeline
 /// it measured, the longer the more history (BENCHMARKS, "Eleventh round").
 fn is_timed(suffix: &str) -> bool {
-    let mut kind = suffix.splitn(5, '.').skip(2);
-    let (Some(noun), Some(verb)) = (kind.next(), kind.next()) else {
-        return false;
-    };
-    TIMED.iter().any(|timed| timed.split_once('.') == Some((noun, verb)))
+    subjects::event_kind(suffix).is_some_and(|kind| TIMED.contains(&kind))
 }
 
 /// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
@@ -674,7 +670,7 @@ async fn pipeline(
     pace: Pace,
     timeout: Duration,
     mut stop: Shutdown,
-) -> anyhow::Result<(Pipeline, Instant)> {
+) -> anyhow::Result<Pipeline> {
     let (mut seen, follower) = follow_outcomes(js).await?;
     let total = bodies.len();
     let begin = Instant::now();
@@ -776,7 +772,7 @@ async fn pipeline(
         eprintln!();
     }
     follower.abort();
-    Ok((p, begin))
+    Ok(p)
 }
 
 /// A name part unique to this run, usable in a subject token and a stream name.
