@@ -5,18 +5,20 @@
 # process.) Uses the release binaries: build them first with `cargo build --release --bins`
 # (FLOWMESH_BIN names another folder of them, to compare two builds).
 #
-#   tools/bench-processes.sh [--workers N] [--slots N] [bench arguments…]
+#   tools/bench-processes.sh [--workers N] [--slots N] [--prefetch N] [bench arguments…]
 #   tools/bench-processes.sh --workers 4 --tasks 100000 --concurrency 10000 --mix echo=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${FLOWMESH_BIN:-target/release}
 workers=4
 slots=2
+prefetch=0
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
     --slots) slots=$2; shift 2 ;;
+    --prefetch) prefetch=$2; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -39,7 +41,7 @@ pids+=($!)
 pids+=($!)
 for n in $(seq "$workers"); do
   WORKER_ID="bench-worker-$n" RESULTS_DIR="$dir/results-$n" HEARTBEAT_INTERVAL_SEC=2 \
-    "$bin/flowmesh-worker" --worker-batch-slots "$slots" >"$dir/worker-$n.log" 2>&1 &
+    "$bin/flowmesh-worker" --worker-batch-slots "$slots" --worker-prefetch "$prefetch" >"$dir/worker-$n.log" 2>&1 &
   pids+=($!)
 done
 live_workers() { [ "$("$bin/flowmesh" worker list 2>/dev/null | grep -c 'bench-worker-')" -ge "$workers" ]; }

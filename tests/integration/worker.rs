@@ -430,3 +430,77 @@ async fn a_python_stage_without_inputs_reads_its_upstream_stage_by_name() -> any
     world.shutdown().await;
     Ok(())
 }
+
+/// When `task`'s run began on its worker: its `task.started`, or the `started_at` its completion
+/// carries when it ended too fast to report a start.
+fn run_began(events: &[flowmesh_domain::Event], task: &str) -> Option<String> {
+    events.iter().find_map(|e| match &e.body {
+        EventBody::TaskStarted(s) if s.task.task_id == task => Some(e.time.clone()),
+        EventBody::TaskCompleted(c) if c.task.task_id == task => c.started_at.clone(),
+        _ => None,
+    })
+}
+
+/// A worker with one slot and a queue of one (`WORKER_PREFETCH=1`) takes its next order while a
+/// task runs, never runs the two at once, starts the queued one once the slot frees, and a
+/// queued task can be cancelled before it runs.
+#[tokio::test]
+async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_frees() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let mut config = worker_config(&world, "w1", None);
+    (config.batch_slots, config.prefetch) = (1, 1);
+    world.worker(config).await?;
+    assert_eq!(snapshot(&world, "w1").await?.prefetch, 1, "the snapshot advertises the queue");
+    // The first task runs until the test lets it end.
+    let release = world.dir.path().join("release");
+    let long = format!(
+        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
+        release.display()
+    );
+    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    let first = world.submit(long.as_bytes(), None).await?;
+    world
+        .wait_for("the first task to start", |events| {
+            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == first))
+        })
+        .await?;
+    let dispatched_to_w1 = |events: &[flowmesh_domain::Event], wf: &str| {
+        events
+            .iter()
+            .any(|e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == wf && d.worker_id == "w1"))
+    };
+
+    // Queued behind the running task, then cancelled before it ever runs.
+    let cancelled = world.submit(quick.as_bytes(), None).await?;
+    world.wait_for("the second order to reach w1's queue", |events| dispatched_to_w1(events, &cancelled)).await?;
+    let out = world.cli(&["workflow", "cancel", &cancelled]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let events = world.wait_workflow_end(&cancelled).await?;
+    let reason = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCancelled(c) if c.worker_id.as_deref() == Some("w1") => Some(c.reason.clone()),
+        _ => None,
+    });
+    assert_eq!(reason.as_deref(), Some("cancelled while waiting for a slot, before it ran"), "{:?}", kinds(&events));
+    assert_eq!(run_began(&events, &format!("{cancelled}-main")), None, "a cancelled queued task never ran");
+
+    // Queued again; it runs only once the first has ended.
+    let queued = world.submit(quick.as_bytes(), None).await?;
+    world.wait_for("the third order to reach w1's queue", |events| dispatched_to_w1(events, &queued)).await?;
+    std::fs::write(&release, b"")?;
+    let events = world.wait_workflow_end(&queued).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let events = world.wait_workflow_end(&first).await?;
+    let first_end = events.iter().find_map(|e| match &e.body {
+        EventBody::TaskCompleted(c) if c.task.workflow_id == first => Some(e.time.clone()),
+        _ => None,
+    });
+    let all = world.events();
+    let began = run_began(&all, &format!("{queued}-main"));
+    assert!(
+        first_end.is_some() && began >= first_end,
+        "the queued task began at {began:?}, before the running one ended at {first_end:?}"
+    );
+    world.shutdown().await;
+    Ok(())
+}

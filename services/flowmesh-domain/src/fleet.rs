@@ -14,6 +14,11 @@ pub struct WorkerSnapshot {
     pub supported_task_types: Vec<String>,
     pub executors: Vec<ExecutorInfo>,
     pub slots: Slots,
+    /// Work orders it holds beyond its batch slots, each queued until a slot frees
+    /// (`WORKER_PREFETCH`; 0: none). The router fills such a place only when no eligible worker
+    /// has a free slot, so a prefetched order never waits while another worker idles.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub prefetch: u32,
     pub ssh_limits: Option<SshLimits>,
     #[serde(default)]
     pub tags: Vec<String>,
@@ -32,6 +37,10 @@ pub struct WorkerSnapshot {
     /// Models it holds warm: placement prefers a worker that already has a task's model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warm_models: Vec<WarmModel>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl WorkerSnapshot {

@@ -508,10 +508,21 @@ impl Member {
         !self.cordoned && !self.draining && self.snapshot.status != WorkerStatus::Draining
     }
 
-    /// Whether a slot of the kind is free (service slots for services, batch slots otherwise).
+    /// Whether it has room for one more task of the kind: a free service slot for a service; for
+    /// anything else a free batch slot or a free place in its queue (`prefetch`).
     fn free(&self, service: bool) -> bool {
         let slots = &self.snapshot.slots;
-        if service { self.service_in_use < slots.service.total } else { self.batch_in_use < slots.batch.total }
+        if service {
+            self.service_in_use < slots.service.total
+        } else {
+            self.batch_in_use < slots.batch.total + self.snapshot.prefetch
+        }
+    }
+
+    /// Every batch slot taken, a place in its queue free.
+    fn queues(&self) -> bool {
+        let total = self.snapshot.slots.batch.total;
+        self.batch_in_use >= total && self.batch_in_use < total + self.snapshot.prefetch
     }
 }
 
@@ -794,6 +805,8 @@ impl FleetIndex {
         };
         let mut capable = 0;
         let mut eligible: Vec<usize> = Vec::new();
+        // Workers whose one exclusion is a busy batch slot, with a place free in their queue.
+        let mut queueing: Vec<usize> = Vec::new();
         // Workers that do not serve the type are counted in bulk; with `selected_worker`, a
         // worker outside the selection is reported as such first, as `explain` does.
         if let Some(selected) = &request.selected {
@@ -820,6 +833,10 @@ impl FleetIndex {
             match self.check(request, w) {
                 None => eligible.push(i),
                 Some((first, permanent)) => {
+                    // A busy slot is the last check: as the first exclusion, it is the only one.
+                    if first == (Exclusion::NoFreeSlot { service: false }) && w.queues() {
+                        queueing.push(i);
+                    }
                     if !permanent {
                         capable += 1;
                     }
@@ -845,6 +862,12 @@ impl FleetIndex {
         };
         explanation.message = sentence(&explanation, stage);
         let ranking = self.ranking(&request.task_type, strategy);
+        // No eligible worker has a free slot: one that queues takes the task into its queue, chosen
+        // the same way. A worker with a free slot always wins over a queue, whatever the strategy.
+        let queued = eligible.is_empty() && !queueing.is_empty();
+        if queued {
+            eligible = queueing;
+        }
         // Best per tier: warm and not avoided, cold and not avoided, warm avoided, cold avoided.
         // Warmth orders eligible workers only: every rule has been applied already.
         let mut tiers: [Option<Best>; 4] = [None, None, None, None];
@@ -868,6 +891,9 @@ impl FleetIndex {
                         held.state.name(),
                         format_bytes(held.size_bytes)
                     );
+                }
+                if queued {
+                    explanation.message += &format!("; queued on {} until one of its slots frees", snapshot.id);
                 }
                 Placement::Chosen { worker_id: snapshot.id.clone(), score: b.score, explanation: Some(explanation) }
             }

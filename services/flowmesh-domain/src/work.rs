@@ -69,6 +69,8 @@ pub enum Outcome {
     UploadFailed(String),
     /// Cancelled while running: by a person, or by the worker's own drain when `handed_back`.
     Cancelled { handed_back: bool },
+    /// Cancelled by a person while its order waited in the worker's queue for a slot: never run.
+    CancelledWaiting,
     /// Killed at its maximum runtime.
     TimedOut { limit_secs: u64 },
     /// The executor failed; `retryable` when it asked for another attempt.
@@ -120,6 +122,11 @@ pub fn report(task: TaskRef, worker_id: &str, outcome: Outcome) -> EventBody {
             task: task.clone(),
             worker_id: worker.clone(),
             reason: "cancelled while running".to_owned(),
+        }),
+        Outcome::CancelledWaiting => EventBody::TaskCancelled(TaskCancelled {
+            task: task.clone(),
+            worker_id: worker.clone(),
+            reason: "cancelled while waiting for a slot, before it ran".to_owned(),
         }),
         Outcome::TimedOut { limit_secs } => failed(
             FailureReason::MaxRuntimeExceeded,

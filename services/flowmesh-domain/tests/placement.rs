@@ -97,6 +97,59 @@ fn slots_cordons_and_drains_are_transient() {
     }
 }
 
+/// A worker that queues (`prefetch`) takes a task into its queue only when no eligible worker has
+/// a free slot, under every strategy; services never queue; a full queue waits like a full slot.
+#[test]
+fn a_queue_takes_work_only_when_no_slot_is_free() {
+    use flowmesh_domain::placement::FleetIndex;
+    let mut queues = worker("a-queues", &["echo", "serve"], 64, 512, &[("NVIDIA H100", 80)]);
+    queues.slots.batch.total = 1;
+    queues.prefetch = 1;
+    let mut plain = worker("b-plain", &["echo", "serve"], 4, 8, &[]);
+    plain.slots.batch.total = 1;
+    let echo = request_for("echo", &json!({}), None).unwrap();
+    let serve = request_for("serve", &json!({}), None).unwrap();
+    let none = BTreeSet::new();
+    let at = |q: u32, p: u32, services: u32| {
+        [
+            Candidate { batch_in_use: q, service_in_use: services, ..candidate(&queues) },
+            Candidate { batch_in_use: p, service_in_use: services, ..candidate(&plain) },
+        ]
+    };
+    let pick = |fleet: &[Candidate<'_>], request, strategy| match place(request, "s", "t", fleet, strategy, &none, 0) {
+        Placement::Chosen { worker_id, explanation, .. } => Ok((worker_id, explanation.map(|e| e.message))),
+        Placement::Pending(e) => Err(e.message),
+    };
+    for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
+        // The queueing worker ranks first by id and by throughput; its slot busy, the free one wins.
+        let (id, _) = pick(&at(1, 0, 0), &echo, strategy).unwrap();
+        assert_eq!(id, "b-plain", "{strategy:?}: a free slot beats a queue");
+        let (id, message) = pick(&at(1, 1, 0), &echo, strategy).unwrap();
+        assert_eq!(id, "a-queues", "{strategy:?}: every slot busy, the queue takes it");
+        assert_eq!(
+            message.as_deref(),
+            Some(
+                "0/2 workers can run stage \"s\": 2 have no free batch slot; queued on a-queues until one of its slots frees"
+            ),
+        );
+        assert_eq!(
+            pick(&at(2, 1, 0), &echo, strategy),
+            Err("0/2 workers can run stage \"s\": 2 have no free batch slot".to_owned()),
+            "{strategy:?}: a full queue waits"
+        );
+        assert_eq!(
+            pick(&at(0, 0, 1), &serve, strategy),
+            Err("0/2 workers can run stage \"s\": 2 have no free service slot".to_owned()),
+            "{strategy:?}: a service never queues"
+        );
+    }
+    // The index's lookups count a free queue place as room.
+    let index = FleetIndex::new(&at(1, 1, 0));
+    assert!(!index.full("echo") && !index.saturated(true, false));
+    let index = FleetIndex::new(&at(2, 1, 1));
+    assert!(index.full("echo") && index.full("serve") && index.saturated(true, true));
+}
+
 #[test]
 fn explanation_counts_per_reason() {
     let cpu1 = worker("cpu-1", &["echo", "python"], 8, 32, &[]);
@@ -213,6 +266,7 @@ fn random_fleet(next: &mut impl FnMut(u64) -> u64, types: &[&str]) -> Vec<Worker
             w.cost_per_hour = 1.0 + next(5) as f64;
             w.idle_since_ms = (next(2) == 0).then(|| next(7_200_000));
             w.tags = ["pool-a", "spot"].iter().filter(|_| next(2) == 0).map(|t| t.to_string()).collect();
+            w.prefetch = [0, 0, 1, 2][next(4) as usize];
             if serves.contains(&"inference") {
                 let backends: &[&[&str]] = &[&[], &["transformers"], &["vllm"], &["transformers", "vllm"]];
                 w.executors = vec![inference_executor("runner", backends[next(4) as usize])];
@@ -367,13 +421,14 @@ fn an_index_kept_between_rounds_answers_as_one_built_afresh() {
                 // A heartbeat: status, idle time, slot totals, warm models.
                 0 | 1 if !fleet.is_empty() => {
                     let w = &mut fleet[i];
-                    match next(4) {
+                    match next(5) {
                         0 => {
                             w.status =
                                 [WorkerStatus::Idle, WorkerStatus::Busy, WorkerStatus::Draining][next(3) as usize]
                         }
                         1 => w.slots.batch.total = next(4) as u32,
                         2 => w.slots.service.total = next(2) as u32,
+                        3 => w.prefetch = next(3) as u32,
                         _ => w.idle_since_ms = Some(next(7_200_000)),
                     }
                     index.put(&fleet[i]);

@@ -14,7 +14,7 @@ fn task() -> TaskRef {
 #[derive(Debug, PartialEq)]
 enum Want {
     Completed,
-    Cancelled,
+    Cancelled(&'static str),
     Failed(FailureReason, bool, &'static str),
 }
 
@@ -38,7 +38,12 @@ fn every_outcome_becomes_its_report() {
             Outcome::UploadFailed("storing results.json: timed out".into()),
             Want::Failed(FailureReason::ResultUploadFailed, true, "timed out"),
         ),
-        ("cancelled by a person", Outcome::Cancelled { handed_back: false }, Want::Cancelled),
+        ("cancelled by a person", Outcome::Cancelled { handed_back: false }, Want::Cancelled("while running")),
+        (
+            "cancelled by a person while queued",
+            Outcome::CancelledWaiting,
+            Want::Cancelled("while waiting for a slot, before it ran"),
+        ),
         (
             "stopped by the worker's drain",
             Outcome::Cancelled { handed_back: true },
@@ -72,7 +77,9 @@ fn every_outcome_becomes_its_report() {
                     "{case}"
                 );
             }
-            (EventBody::TaskCancelled(c), Want::Cancelled) => assert_eq!(c.reason, "cancelled while running", "{case}"),
+            (EventBody::TaskCancelled(c), Want::Cancelled(reason)) => {
+                assert_eq!(c.reason, format!("cancelled {reason}"), "{case}")
+            }
             (EventBody::TaskFailed(f), Want::Failed(reason, retryable, message)) => {
                 assert_eq!((&f.reason, f.retryable), (reason, *retryable), "{case}");
                 assert!(f.message.contains(message), "{case}: {:?} lacks {message:?}", f.message);

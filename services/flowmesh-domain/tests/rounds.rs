@@ -82,6 +82,8 @@ fn fleet() -> Vec<WorkerSnapshot> {
     let w2 = common::worker("w2", &["echo", "python", "serve"], 8, 32, &[]);
     let mut w3 = common::worker("w3", &["echo"], 8, 32, &[]);
     w3.slots.batch.total = 1;
+    // Takes one order beyond its slot, queued until the slot frees.
+    w3.prefetch = 1;
     vec![w1, w2, w3]
 }
 
@@ -228,8 +230,9 @@ impl Run {
                 // time), now and then the hardware (a rebuild of the rankings).
                 let i = rng.below(self.fleet.len());
                 let w = &mut self.fleet[i];
-                match rng.below(5) {
+                match rng.below(6) {
                     0 => w.slots.batch.total = 1 + w.slots.batch.total % 3,
+                    4 => w.prefetch = (w.prefetch + 1) % 3,
                     1 => {
                         w.status =
                             if w.status == WorkerStatus::Draining { WorkerStatus::Idle } else { WorkerStatus::Draining }

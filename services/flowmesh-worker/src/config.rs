@@ -26,6 +26,10 @@ pub struct WorkerArgs {
     /// Tasks run at once. Default: 2.
     #[arg(long, env = "WORKER_BATCH_SLOTS", default_value = "2", allow_hyphen_values = true, value_parser = parse::positive_u32)]
     pub worker_batch_slots: u32,
+    /// Work orders held beyond the batch slots, each queued until a slot frees: a worker of
+    /// short tasks then has its next order at hand when one ends. Default: 0 (none).
+    #[arg(long, env = "WORKER_PREFETCH", default_value = "0", allow_hyphen_values = true, value_parser = parse::count)]
+    pub worker_prefetch: u32,
     /// Long-lived services (`serve`) run at once.
     #[arg(long, env = "WORKER_SERVICE_SLOTS", default_value = "1", allow_hyphen_values = true, value_parser = parse::count)]
     pub worker_service_slots: u32,
@@ -90,6 +94,8 @@ pub struct Config {
     pub cost_per_hour: f64,
     pub batch_slots: u32,
     pub service_slots: u32,
+    /// Batch work orders taken beyond `batch_slots`, waiting for a slot (`WORKER_PREFETCH`).
+    pub prefetch: u32,
     pub ssh_limits: SshLimits,
     pub ssh_gpu_limit: bool,
     pub ssh_public_host: Option<String>,
@@ -121,6 +127,7 @@ impl Config {
             cost_per_hour: 1.0,
             batch_slots: 2,
             service_slots: 1,
+            prefetch: 0,
             ssh_limits: SshLimits::default(),
             ssh_gpu_limit: false,
             ssh_public_host: Some("127.0.0.1".to_owned()),
@@ -251,6 +258,7 @@ impl WorkerArgs {
             cost_per_hour: self.worker_cost_per_hour,
             batch_slots: self.worker_batch_slots,
             service_slots: self.worker_service_slots,
+            prefetch: self.worker_prefetch,
             ssh_limits: SshLimits {
                 max_cpu: self.ssh_max_cpu,
                 max_memory_bytes: self.ssh_max_memory,

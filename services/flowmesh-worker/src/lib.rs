@@ -60,7 +60,13 @@ struct Shared {
     runners: std::sync::RwLock<Arc<Vec<Executor>>>,
     probe: hardware::Probe,
     journal: Journal,
+    /// Tasks whose order it holds, by id, until they run (`execute` moves them to `active`): what
+    /// cancels one waiting for a slot.
+    queued: Mutex<BTreeMap<String, Arc<Trigger>>>,
     active: Mutex<BTreeMap<String, Active>>,
+    /// Run permits, one per slot of each kind: a task runs only holding one of its kind.
+    batch_slots: Arc<tokio::sync::Semaphore>,
+    service_slots: Arc<tokio::sync::Semaphore>,
     started_at: String,
     idle_since_ms: Mutex<Option<u64>>,
     draining: std::sync::atomic::AtomicBool,
@@ -191,6 +197,7 @@ impl Shared {
                 batch: SlotCount { total: self.config.batch_slots, in_use: batch_in_use },
                 service: SlotCount { total: self.config.service_slots, in_use: service_in_use },
             },
+            prefetch: self.config.prefetch,
             ssh_limits: supported.iter().any(|t| t == "ssh").then_some(ssh),
             supported_task_types: supported,
             tags: self.config.tags.clone(),
@@ -271,7 +278,12 @@ pub async fn run(
         )),
         probe,
         journal,
+        queued: Mutex::new(BTreeMap::new()),
         active: Mutex::new(BTreeMap::new()),
+        // A kind with no slots still runs one task: the router sends none, so that only serves
+        // an order sent on an older snapshot.
+        batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_slots.max(1) as usize)),
+        service_slots: Arc::new(tokio::sync::Semaphore::new(config.service_slots.max(1) as usize)),
         started_at: clock::now_rfc3339(),
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
         draining: std::sync::atomic::AtomicBool::new(false),
@@ -344,9 +356,13 @@ pub async fn run(
         background.spawn(async move {
             while let Some(msg) = sub.next().await {
                 let task_id = String::from_utf8_lossy(&msg.payload).trim().to_owned();
-                if let Some(active) = shared.active.lock().expect("active lock").get(&task_id) {
+                // Running, else waiting for a slot (a task moves to `active` before it leaves
+                // `queued`, so one of the two always has it).
+                let running = shared.active.lock().expect("active lock").get(&task_id).map(|a| a.cancel.clone());
+                let trigger = running.or_else(|| shared.queued.lock().expect("queued lock").get(&task_id).cloned());
+                if let Some(trigger) = trigger {
                     info!(task_id = %task_id, "cancel requested");
-                    active.cancel.fire();
+                    trigger.fire();
                 }
             }
         });
@@ -357,10 +373,12 @@ pub async fn run(
         background.spawn(warm::listen(shared.clone(), sub));
     }
 
-    let slots = (shared.config.batch_slots + shared.config.service_slots).max(1) as usize;
+    // The orders it holds at once: one per slot, and its queue (`prefetch`) of batch orders that
+    // wait for a batch slot, acking progress meanwhile so their ack wait never runs out.
+    let slots = ((shared.config.batch_slots + shared.config.service_slots).max(1) + shared.config.prefetch) as usize;
     // Two queues, one durable consumer each, created or updated (a worker restarted with more
     // slots or another ack wait gets them). The router sends a worker no more tasks than it has
-    // slots, so neither holds an order that waits for a slot while its ack wait runs.
+    // slots and queue places.
     // 1. Its dispatches in the log, which carry the orders of tasks without secrets. Pushed to
     //    a subject under this worker's own inbox prefix, which only it may hear: other users
     //    may read the log and pull from its consumers, but cannot take its work by pulling.
@@ -411,8 +429,9 @@ pub async fn run(
         };
         let Some(message) = flowmesh_nats::consume::next(&mut messages, &mut shutdown).await else { break };
         let shared = shared.clone();
+        let stopping = shutdown.clone();
         running.spawn(async move {
-            handle(&shared, message).await;
+            handle(&shared, message, stopping).await;
             drop(permit);
         });
         while running.try_join_next().is_some() {}
@@ -452,7 +471,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
+async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shutdown) {
     // Anyone who may read the log can point a consumer of their own at this worker's inbox; a
     // message counts only when this worker's own consumer delivered it.
     let consumer = subjects::work_consumer(&shared.config.worker_id);
@@ -498,7 +517,31 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
             }
             None => {}
         }
-        let event = execute(shared, &order, &message).await;
+        let event = match take_turn(shared, &order, &message, stopping).await {
+            Turn::Run(slot, cancel) => {
+                let event = execute(shared, &order, &message, cancel).await;
+                // The slot is free once the task ended: a queued order runs while this reports.
+                drop(slot);
+                event
+            }
+            Turn::Cancelled => {
+                info!("cancelled while waiting for a slot");
+                Event::new(
+                    work::report(task_ref(&order), &shared.config.worker_id, Outcome::CancelledWaiting),
+                    clock::now_rfc3339(),
+                    0,
+                )
+            }
+            Turn::Stopping => {
+                // Never started and never acked: leaving the fleet makes the router requeue it.
+                info!("stopping before it ran; handing its order back");
+                return;
+            }
+            Turn::Held => {
+                info!("already holding this task's order; the copy held acks it");
+                return;
+            }
+        };
         if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
             warn!(error = %e, "journal write failed after the task ended");
         }
@@ -512,6 +555,57 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message) {
     }
     .instrument(span)
     .await;
+}
+
+/// How a task's wait for a slot ended.
+enum Turn {
+    /// It holds a slot of its kind, and what cancels it from now on.
+    Run(tokio::sync::OwnedSemaphorePermit, (Arc<Trigger>, Shutdown)),
+    /// A person cancelled it first.
+    Cancelled,
+    /// The worker began to stop first.
+    Stopping,
+    /// Another delivery of an order it holds (its ack wait ran out meanwhile): that one acks it.
+    Held,
+}
+
+/// Waits for a free slot of the task's kind. A queued order (`prefetch`) waits here, its ack
+/// wait renewed by progress acks, and can be cancelled or handed back meanwhile.
+async fn take_turn(shared: &Shared, order: &WorkOrder, message: &jetstream::Message, mut stopping: Shutdown) -> Turn {
+    let slots = if uses_service_slot(&order.task_type) { &shared.service_slots } else { &shared.batch_slots };
+    let (trigger, mut cancel) = shutdown::channel();
+    let trigger = Arc::new(trigger);
+    let task_id = &order.task_id;
+    {
+        let mut queued = shared.queued.lock().expect("queued lock");
+        if queued.contains_key(task_id) || shared.active.lock().expect("active lock").contains_key(task_id) {
+            return Turn::Held;
+        }
+        queued.insert(task_id.clone(), trigger.clone());
+    }
+    let slot = match slots.clone().try_acquire_owned() {
+        Ok(slot) => slot,
+        Err(_) => {
+            let waited = with_progress(message, shared.config.ack_wait, async {
+                tokio::select! {
+                    biased;
+                    _ = cancel.wait() => Err(Turn::Cancelled),
+                    _ = stopping.wait() => Err(Turn::Stopping),
+                    slot = slots.clone().acquire_owned() => Ok(slot.expect("slot semaphores are never closed")),
+                }
+            })
+            .await;
+            match waited {
+                Ok(slot) => slot,
+                Err(turn) => {
+                    shared.queued.lock().expect("queued lock").remove(task_id);
+                    return turn;
+                }
+            }
+        }
+    };
+    // Known as queued until `execute` lists it as active, so a cancel arriving between finds it.
+    Turn::Run(slot, (trigger, cancel))
 }
 
 /// Fault injection for crash tests: `FLOWMESH_FAILPOINT=<name>` makes the process die at once
@@ -536,7 +630,12 @@ fn task_ref(order: &WorkOrder) -> TaskRef {
 }
 
 /// Runs one task to its terminal event (not yet published).
-async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::Message) -> Event {
+async fn execute(
+    shared: &Arc<Shared>,
+    order: &WorkOrder,
+    message: &jetstream::Message,
+    (trigger, cancel): (Arc<Trigger>, Shutdown),
+) -> Event {
     let worker_id = shared.config.worker_id.clone();
     let started_at = clock::now_rfc3339();
     let started = Event::new(
@@ -546,17 +645,12 @@ async fn execute(shared: &Arc<Shared>, order: &WorkOrder, message: &jetstream::M
     );
     // Opened once the start is sent (or known not to be): updates come after it.
     let (start_gate, start_gate_rx) = tokio::sync::oneshot::channel::<()>();
-    let (trigger, cancel) = shutdown::channel();
-    let trigger = Arc::new(trigger);
     let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
     shared.active.lock().expect("active lock").insert(
         order.task_id.clone(),
-        Active {
-            cancel: trigger.clone(),
-            service: uses_service_slot(&order.task_type),
-            handed_back: handed_back.clone(),
-        },
+        Active { cancel: trigger, service: uses_service_slot(&order.task_type), handed_back: handed_back.clone() },
     );
+    shared.queued.lock().expect("queued lock").remove(&order.task_id);
     let work_dir = shared.config.results_dir.join(&order.task_id);
     let output_dir = work_dir.join("output");
     let runners = shared.runners();

@@ -38,6 +38,10 @@ pub struct Args {
     /// With --dev: batch slots per worker (tasks each runs at once); the worker's default when unset.
     #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(1..=1024))]
     slots: Option<u32>,
+    /// With --dev: work orders each worker queues beyond its slots, to have its next one at hand
+    /// when a task ends (WORKER_PREFETCH).
+    #[arg(long, requires = "dev", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    prefetch: u32,
     /// With --dev: the nats-server binary (default: from PATH).
     #[arg(long, requires = "dev")]
     nats_server: Option<PathBuf>,
@@ -77,6 +81,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         let stack = dev::Stack::start(dev::StackOptions {
             workers: usize::from(args.workers),
             batch_slots: args.slots,
+            prefetch: args.prefetch,
             nats_server: args.nats_server,
             ..Default::default()
         })
