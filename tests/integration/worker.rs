@@ -452,6 +452,8 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     (config.batch_slots, config.prefetch) = (1, 1);
     world.worker(config).await?;
     assert_eq!(snapshot(&world, "w1").await?.prefetch, 1, "the snapshot advertises the queue");
+    let out = world.cli(&["worker", "list"]).await?;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0/1 +1 queued"), "{}", tests::output_text(&out));
     // The first task runs until the test lets it end.
     let release = world.dir.path().join("release");
     let long = format!(

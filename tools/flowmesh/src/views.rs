@@ -185,7 +185,10 @@ impl Row for WorkerRow {
             w.supported_task_types.join(","),
             format!("{} cpu, {}", w.hardware.cpu_cores, format_bytes(w.hardware.memory_bytes)),
             gpus,
-            format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
+            match w.prefetch {
+                0 => format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
+                queue => format!("{}/{} +{queue} queued", w.slots.batch.in_use, w.slots.batch.total),
+            },
             stale,
             if w.simulated { "yes".into() } else { "no".into() },
             if w.tags.is_empty() { "-".into() } else { w.tags.join(",") },
