@@ -375,6 +375,8 @@ pub enum Placement {
         worker_id: String,
         score: f64,
         explanation: Option<Explanation>,
+        /// Every eligible slot was busy: it goes into the worker's queue (`prefetch`).
+        queued: bool,
     },
     Pending(Explanation),
 }
@@ -426,8 +428,9 @@ pub struct FleetIndex {
     signature: OnceLock<u64>,
     /// Workers that may take work (not cordoned, not draining) with a free (batch, service) slot.
     free_takers: (usize, usize),
-    /// Per task type: the workers serving it with a free slot of its kind.
-    free_by_type: HashMap<String, usize>,
+    /// Per task type: the workers serving it with room (a free slot of its kind, or a free place
+    /// in their queue), and those with a free slot.
+    free_by_type: HashMap<String, (usize, usize)>,
 }
 
 /// A `Request` made hashable: the CPU count by its bits (requests come from the same parser, so
@@ -517,6 +520,12 @@ impl Member {
         } else {
             self.batch_in_use < slots.batch.total + self.snapshot.prefetch
         }
+    }
+
+    /// Whether a slot of the kind is free, queues aside.
+    fn slot_free(&self, service: bool) -> bool {
+        let slots = &self.snapshot.slots;
+        if service { self.service_in_use < slots.service.total } else { self.batch_in_use < slots.batch.total }
     }
 
     /// Every batch slot taken, a place in its queue free.
@@ -694,7 +703,8 @@ impl FleetIndex {
             .iter()
             .map(|(t, serving)| {
                 let service = uses_service_slot(t);
-                (t.clone(), serving.iter().filter(|&&i| workers[i].free(service)).count())
+                let count = |f: fn(&Member, bool) -> bool| serving.iter().filter(|&&i| f(&workers[i], service)).count();
+                (t.clone(), (count(Member::free), count(Member::slot_free)))
             })
             .collect();
         self.stale = false;
@@ -727,11 +737,16 @@ impl FleetIndex {
         }
         let types = &m.snapshot.supported_task_types;
         for (k, t) in types.iter().enumerate() {
+            let service = uses_service_slot(t);
             if !types[..k].contains(t)
-                && m.free(uses_service_slot(t))
-                && let Some(n) = free_by_type.get_mut(t.as_str())
+                && let Some((room, slots)) = free_by_type.get_mut(t.as_str())
             {
-                step(n);
+                if m.free(service) {
+                    step(room);
+                }
+                if m.slot_free(service) {
+                    step(slots);
+                }
             }
         }
     }
@@ -741,7 +756,7 @@ impl FleetIndex {
     pub fn full(&self, task_type: &str) -> bool {
         debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
         self.by_type.get(task_type).is_some_and(|serving| !serving.is_empty())
-            && self.free_by_type.get(task_type).is_none_or(|&n| n == 0)
+            && self.free_by_type.get(task_type).is_none_or(|&(room, _)| room == 0)
     }
 
     /// Whether no worker that may take work (not cordoned, not draining) has a slot free of the
@@ -895,7 +910,12 @@ impl FleetIndex {
                 if queued {
                     explanation.message += &format!("; queued on {} until one of its slots frees", snapshot.id);
                 }
-                Placement::Chosen { worker_id: snapshot.id.clone(), score: b.score, explanation: Some(explanation) }
+                Placement::Chosen {
+                    worker_id: snapshot.id.clone(),
+                    score: b.score,
+                    explanation: Some(explanation),
+                    queued,
+                }
             }
             None => Placement::Pending(explanation),
         }
@@ -940,6 +960,11 @@ impl FleetIndex {
         }
         let ranking = self.ranking(&request.task_type, strategy);
         let headroom = dynamic_headroom(strategy);
+        // No serving worker has a slot free: the walk looks for the best queue place instead,
+        // stopping early the same way. (With some slot free, a queue is chosen only by the full
+        // walk, when no worker with a free slot is eligible.)
+        let to_queue = !uses_service_slot(&request.task_type)
+            && self.free_by_type.get(request.task_type.as_str()).is_some_and(|&(_, slots)| slots == 0);
         let mut best: Option<Best> = None;
         let mut best_avoided: Option<Best> = None;
         for &(static_score, i) in &ranking.order {
@@ -954,7 +979,13 @@ impl FleetIndex {
             {
                 continue;
             }
-            if self.check(request, w).is_some() {
+            let eligible = match self.check(request, w) {
+                None => true,
+                // A busy slot is the last check: as the first exclusion, it is the only one.
+                Some((Exclusion::NoFreeSlot { service: false }, _)) => to_queue && w.queues(),
+                Some(_) => false,
+            };
+            if !eligible {
                 continue;
             }
             let candidate = self.score(i, static_score, strategy, task_id, now_ms);
@@ -971,6 +1002,7 @@ impl FleetIndex {
                 worker_id: self.workers[b.index].snapshot.id.clone(),
                 score: b.score,
                 explanation: None,
+                queued: to_queue,
             },
             None => {
                 let placement = self.place_explained(request, stage, task_id, strategy, avoid, now_ms);

@@ -860,7 +860,7 @@ fn decide_waiting(
         return None;
     }
     match index.place(&remembered.request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
-        Placement::Chosen { worker_id, score, explanation } => {
+        Placement::Chosen { worker_id, score, explanation, queued } => {
             // Resolution is deterministic: what resolved in an earlier round resolves the same now.
             let spec = match resolved.map_or_else(|| resolve_spec(wf, t), Ok) {
                 Ok(spec) => spec,
@@ -868,7 +868,8 @@ fn decide_waiting(
             };
             let order = work_order(wf, t, spec);
             let message = explanation.map(|e| e.message).unwrap_or_else(|| {
-                format!("{} placed on {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)
+                let placed = if queued { "queued on" } else { "placed on" };
+                format!("{} {placed} {worker_id} ({:?} score {score:.3})", t.def.stage, config.strategy)
             });
             let event =
                 TaskDispatched { task: tref(), worker_id, task_type: t.def.task_type.clone(), message, order: None };

@@ -326,9 +326,16 @@ fn the_fast_placement_picks_what_the_full_one_picks() {
     use flowmesh_domain::placement::FleetIndex;
     let mut next = xorshift(0x2545F4914F6CDD1D);
     let types = ["echo", "sft", "inference", "ssh"];
+    let mut queued_picks = 0;
     for round in 0..200 {
         let fleet = random_fleet(&mut next, &types);
-        let candidates = random_candidates(&fleet, &mut next, 3);
+        let mut candidates = random_candidates(&fleet, &mut next, 3);
+        if round % 3 == 0 {
+            // A fleet with every batch slot busy, some queues with room: where queues are chosen.
+            for c in &mut candidates {
+                c.batch_in_use = c.snapshot.slots.batch.total + next(2) as u32;
+            }
+        }
         let index = FleetIndex::new(&candidates);
         let avoid: BTreeSet<String> = fleet.iter().filter(|_| next(8) == 0).map(|w| w.id.clone()).collect();
         for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
@@ -338,13 +345,15 @@ fn the_fast_placement_picks_what_the_full_one_picks() {
                 let fast = index.place(&request, "s", &task, strategy, &avoid, 7_200_000);
                 let full = index.place_explained(&request, "s", &task, strategy, &avoid, 7_200_000);
                 let pick = |p: &Placement| match p {
-                    Placement::Chosen { worker_id, .. } => Some(worker_id.clone()),
+                    Placement::Chosen { worker_id, queued, .. } => Some((worker_id.clone(), *queued)),
                     Placement::Pending(_) => None,
                 };
                 assert_eq!(pick(&fast), pick(&full), "round {round}, {strategy:?}, {t}");
+                queued_picks += usize::from(pick(&fast).is_some_and(|(_, queued)| queued));
             }
         }
     }
+    assert!(queued_picks > 200, "only {queued_picks} placements went to a queue");
 }
 
 /// Alike waiting tasks reuse the first one's explanation (one walk for a backlog). What they get
