@@ -426,7 +426,7 @@ pub struct FleetIndex {
     stale: bool,
     /// `signature()`, while nothing it digests has changed.
     signature: OnceLock<u64>,
-    /// Workers that may take work (not cordoned, not draining) with a free (batch, service) slot.
+    /// Workers that may take work (not cordoned, not draining) with room for a (batch, service) task.
     free_takers: (usize, usize),
     /// Per task type: the workers serving it with room (a free slot of its kind, or a free place
     /// in their queue), and those with a free slot.
@@ -511,15 +511,10 @@ impl Member {
         !self.cordoned && !self.draining && self.snapshot.status != WorkerStatus::Draining
     }
 
-    /// Whether it has room for one more task of the kind: a free service slot for a service; for
-    /// anything else a free batch slot or a free place in its queue (`prefetch`).
-    fn free(&self, service: bool) -> bool {
-        let slots = &self.snapshot.slots;
-        if service {
-            self.service_in_use < slots.service.total
-        } else {
-            self.batch_in_use < slots.batch.total + self.snapshot.prefetch
-        }
+    /// Whether it has room for one more task of the kind: a free slot, or for anything but a
+    /// service a free place in its queue (`prefetch`).
+    fn has_room(&self, service: bool) -> bool {
+        self.slot_free(service) || (!service && self.queues())
     }
 
     /// Whether a slot of the kind is free, queues aside.
@@ -696,7 +691,7 @@ impl FleetIndex {
         self.rankings.get_mut().unwrap_or_else(PoisonError::into_inner).clear();
         let takers = self.workers.iter().filter(|m| m.takes_work());
         self.free_takers =
-            takers.fold((0, 0), |(b, s), m| (b + usize::from(m.free(false)), s + usize::from(m.free(true))));
+            takers.fold((0, 0), |(b, s), m| (b + usize::from(m.has_room(false)), s + usize::from(m.has_room(true))));
         let workers = &self.workers;
         self.free_by_type = self
             .by_type
@@ -704,7 +699,7 @@ impl FleetIndex {
             .map(|(t, serving)| {
                 let service = uses_service_slot(t);
                 let count = |f: fn(&Member, bool) -> bool| serving.iter().filter(|&&i| f(&workers[i], service)).count();
-                (t.clone(), (count(Member::free), count(Member::slot_free)))
+                (t.clone(), (count(Member::has_room), count(Member::slot_free)))
             })
             .collect();
         self.stale = false;
@@ -728,10 +723,10 @@ impl FleetIndex {
         let m = &workers[i];
         let step = |n: &mut usize| if add { *n += 1 } else { *n -= 1 };
         if m.takes_work() {
-            if m.free(false) {
+            if m.has_room(false) {
                 step(&mut free_takers.0);
             }
-            if m.free(true) {
+            if m.has_room(true) {
                 step(&mut free_takers.1);
             }
         }
@@ -741,7 +736,7 @@ impl FleetIndex {
             if !types[..k].contains(t)
                 && let Some((room, slots)) = free_by_type.get_mut(t.as_str())
             {
-                if m.free(service) {
+                if m.has_room(service) {
                     step(room);
                 }
                 if m.slot_free(service) {
@@ -759,8 +754,9 @@ impl FleetIndex {
             && self.free_by_type.get(task_type).is_none_or(|&(room, _)| room == 0)
     }
 
-    /// Whether no worker that may take work (not cordoned, not draining) has a slot free of the
-    /// kinds asked (batch, service): no task needing one can be placed until one frees.
+    /// Whether no worker that may take work (not cordoned, not draining) has room (a slot free, or
+    /// a place in its queue) of the kinds asked (batch, service): no task needing one can be placed
+    /// until one frees.
     pub fn saturated(&self, batch: bool, service: bool) -> bool {
         debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
         !((batch && self.free_takers.0 > 0) || (service && self.free_takers.1 > 0))
