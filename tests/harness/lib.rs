@@ -358,6 +358,14 @@ impl World {
         }
     }
 
+    /// Waits until a task of the workflow has reported `task.started`.
+    pub async fn wait_started(&self, workflow_id: &str) -> anyhow::Result<Vec<Event>> {
+        self.wait_for(&format!("a task of {workflow_id} to start"), |events| {
+            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == workflow_id))
+        })
+        .await
+    }
+
     /// Waits for the workflow to end and returns its events.
     pub async fn wait_workflow_end(&self, workflow_id: &str) -> anyhow::Result<Vec<Event>> {
         let events = self

@@ -94,11 +94,7 @@ async fn worker_drain_stops_new_work_lets_running_work_finish_and_lists_it() -> 
     let release = world.dir.path().join("release");
     let hold = format!("while [ ! -e {} ]; do sleep 0.05; done", release.display());
     let running = world.submit(doc("slow", &hold, "[]").as_bytes(), None).await?;
-    world
-        .wait_for("the slow task to start", |events| {
-            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == running))
-        })
-        .await?;
+    world.wait_started(&running).await?;
     let out = world.cli(&["worker", "drain", "w1"]).await?;
     assert!(out.status.success(), "{}", output_text(&out));
     let entry = listed(&world, "w1").await?;

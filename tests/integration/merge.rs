@@ -29,11 +29,7 @@ async fn identical_inference_requests_share_one_execution_and_each_gets_its_resu
     world.worker(config).await?;
 
     let first = world.submit(DOC.as_bytes(), None).await?;
-    world
-        .wait_for("the first to start", |events| {
-            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == first))
-        })
-        .await?;
+    world.wait_started(&first).await?;
     let second = world.submit(DOC.as_bytes(), None).await?;
     let third = world.submit(DOC.as_bytes(), None).await?;
     let different = world.submit(DOC.replace("what is NATS?", "what is JetStream?").as_bytes(), None).await?;

@@ -129,11 +129,7 @@ async fn workflow_logs_shows_downloads_and_follows_every_task_s_output() -> anyh
     // --follow prints live lines, tagged with their stage, and returns when the workflow ends.
     let ticker = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: ticker}\nspec:\n  taskType: python\n  command: 'for i in $(seq 1 40); do echo tick-$i; sleep 0.2; done'\n";
     let wf = world.submit(ticker.as_bytes(), None).await?;
-    world
-        .wait_for("the ticker to start", |events| {
-            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == wf))
-        })
-        .await?;
+    world.wait_started(&wf).await?;
     let out = world.cli(&["workflow", "logs", &wf, "--follow"]).await?;
     assert!(out.status.success(), "{}", output_text(&out));
     let text = String::from_utf8_lossy(&out.stdout);

@@ -462,11 +462,7 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     );
     let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
     let first = world.submit(long.as_bytes(), None).await?;
-    world
-        .wait_for("the first task to start", |events| {
-            events.iter().any(|e| matches!(&e.body, EventBody::TaskStarted(s) if s.task.workflow_id == first))
-        })
-        .await?;
+    world.wait_started(&first).await?;
     let dispatched_to_w1 = |events: &[flowmesh_domain::Event], wf: &str| {
         events
             .iter()
