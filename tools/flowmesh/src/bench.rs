@@ -9,6 +9,7 @@
 
 use crate::{cpu, submit, table, views};
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
+use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::{Event, EventBody};
 use flowmesh_nats::{Shutdown, subjects};
 use futures_util::StreamExt;
@@ -291,6 +292,11 @@ pub struct Report {
     pub per_type: BTreeMap<TaskKind, usize>,
     /// Live workers serving the mix when the run began.
     pub workers: usize,
+    /// Their batch slots, and the orders they queue beyond them (`prefetch`), all together.
+    #[serde(default)]
+    pub batch_slots: u32,
+    #[serde(default)]
+    pub queue_places: u32,
     pub submitted: usize,
     pub completed: usize,
     pub failed: usize,
@@ -351,7 +357,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
             "--rate is {rate}: give a number of submissions per second above 0"
         );
     }
-    let workers = wait_for_fleet(js, &options.mix.kinds(), options.min_workers, options.fleet_wait).await?;
+    let fleet = wait_for_fleet(js, &options.mix.kinds(), options.min_workers, options.fleet_wait).await?;
     let kinds = options.mix.schedule(options.tasks);
     let bodies: Vec<Vec<u8>> = kinds.iter().enumerate().map(|(n, k)| k.document(n).into_bytes()).collect();
     let mut per_type = BTreeMap::new();
@@ -396,7 +402,9 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         rate: options.rate,
         mix: options.mix.to_string(),
         per_type,
-        workers,
+        workers: fleet.len(),
+        batch_slots: fleet.iter().map(|w| w.slots.batch.total).sum(),
+        queue_places: fleet.iter().map(|w| w.prefetch).sum(),
         submitted: p.submitted,
         completed: p.completed,
         failed: p.failures.len(),
@@ -430,24 +438,26 @@ async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<St
     Ok(sequences)
 }
 
-/// Waits until live workers serve every kind of the mix; returns how many live workers serve one.
+/// Waits until live workers serve every kind of the mix; returns the live workers that serve one.
 async fn wait_for_fleet(
     js: &jetstream::Context,
     kinds: &[TaskKind],
     min_workers: usize,
     wait: Duration,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<Vec<WorkerSnapshot>> {
     let deadline = Instant::now() + wait;
     loop {
         let live: Vec<_> = views::workers(js).await?.into_iter().filter(|(w, age)| *age <= w.ttl_sec).collect();
         let serves = |k: &TaskKind| live.iter().any(|(w, _)| w.supported_task_types.iter().any(|t| t == k.name()));
         let missing: Vec<&str> = kinds.iter().filter(|k| !serves(k)).map(|k| k.name()).collect();
-        let useful = live
+        let serving: Vec<&WorkerSnapshot> = live
             .iter()
-            .filter(|(w, _)| kinds.iter().any(|k| w.supported_task_types.iter().any(|t| t == k.name())))
-            .count();
+            .map(|(w, _)| w)
+            .filter(|w| kinds.iter().any(|k| w.supported_task_types.iter().any(|t| t == k.name())))
+            .collect();
+        let useful = serving.len();
         if missing.is_empty() && useful >= min_workers {
-            return Ok(useful);
+            return Ok(serving.into_iter().cloned().collect());
         }
         if missing.is_empty() && Instant::now() >= deadline {
             anyhow::bail!("{useful} of the {min_workers} workers asked for came up within {}s", wait.as_secs());
@@ -952,7 +962,13 @@ pub fn render(r: &Report) -> String {
                 None => format!("{} ({}), concurrency {}", r.tasks, per_type.join(", "), r.concurrency),
             },
         ],
-        vec!["workers".to_owned(), r.workers.to_string()],
+        vec![
+            "workers".to_owned(),
+            match r.queue_places {
+                0 => format!("{} (batch slots {})", r.workers, r.batch_slots),
+                queue => format!("{} (batch slots {}, queue places {queue})", r.workers, r.batch_slots),
+            },
+        ],
         vec!["completed".to_owned(), r.completed.to_string()],
         vec!["failed".to_owned(), r.failed.to_string()],
         vec![
@@ -1235,6 +1251,8 @@ mod tests {
             mix: "echo=3,python=1".into(),
             per_type: BTreeMap::from([(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
             workers: 1,
+            batch_slots: 2,
+            queue_places: 1,
             submitted: 4,
             completed: 4,
             failed: 0,
@@ -1268,6 +1286,7 @@ mod tests {
         assert!(text.contains("nats-server 7 40"), "{text}");
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
+        assert!(text.contains("1 (batch slots 2, queue places 1)"), "{text}");
         assert!(text.lines().any(|l| l.starts_with("submit → done") && l.contains(" -")), "{text}");
         assert!(report.success());
         report.unfinished = 1;
