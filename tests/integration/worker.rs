@@ -502,3 +502,67 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     world.shutdown().await;
     Ok(())
 }
+
+/// A stopping worker hands back the order waiting in its queue at once, unrun and unacked, while
+/// its running task finishes; leaving the fleet requeues the queued task, and another worker runs it.
+#[tokio::test]
+async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_runs_it() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    world.worker_process(
+        "w1",
+        &[("WORKER_BATCH_SLOTS", "1"), ("WORKER_PREFETCH", "1"), ("WORKER_DRAIN_GRACE_SEC", "60")],
+    )?;
+    let release = world.dir.path().join("release");
+    let long = format!(
+        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
+        release.display()
+    );
+    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    let running = world.submit(long.as_bytes(), None).await?;
+    world.wait_started(&running).await?;
+    let queued = world.submit(quick.as_bytes(), None).await?;
+    world
+        .wait_for("the second order to reach w1's queue", |events| {
+            events.iter().any(
+                |e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == queued && d.worker_id == "w1"),
+            )
+        })
+        .await?;
+
+    // The running task is let go only once w1 says it drains, so its slot cannot free first.
+    world.terminate("w1")?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    while snapshot(&world, "w1").await?.status != flowmesh_domain::fleet::WorkerStatus::Draining {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "w1 never said it drains");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    std::fs::write(&release, b"")?;
+    let status = world.wait_exit("w1").await?;
+    assert!(status.success(), "{status:?}\n{}", world.process_log("w1"));
+    world.worker(worker_config(&world, "w2", None)).await?;
+
+    let events = world.wait_workflow_end(&queued).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let by = |worker: &str| {
+        events.iter().any(|e| match &e.body {
+            EventBody::TaskStarted(s) => s.worker_id == worker,
+            EventBody::TaskCompleted(c) => c.worker_id == worker,
+            _ => false,
+        })
+    };
+    assert!(!by("w1") && by("w2"), "the queued task ran on w2 only: {events:#?}");
+    assert!(
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskRequeued(r) if r.worker_id.as_deref() == Some("w1"))),
+        "requeued when w1 left: {:?}",
+        kinds(&events)
+    );
+    let events = world.wait_workflow_end(&running).await?;
+    assert!(
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.worker_id == "w1")),
+        "the running task finished on w1 within its grace: {:?}",
+        kinds(&events)
+    );
+    world.shutdown().await;
+    Ok(())
+}
