@@ -431,6 +431,16 @@ async fn a_python_stage_without_inputs_reads_its_upstream_stage_by_name() -> any
     Ok(())
 }
 
+/// Two documents: a python task that runs until `release` exists, and one that ends at once.
+fn held_and_quick(release: &std::path::Path) -> (String, &'static str) {
+    let held = format!(
+        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
+        release.display()
+    );
+    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    (held, quick)
+}
+
 /// When `task`'s run began on its worker: its `task.started`, or the `started_at` its completion
 /// carries when it ended too fast to report a start.
 fn run_began(events: &[flowmesh_domain::Event], task: &str) -> Option<String> {
@@ -456,11 +466,7 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     assert!(String::from_utf8_lossy(&out.stdout).contains("0/1 +1 queued"), "{}", tests::output_text(&out));
     // The first task runs until the test lets it end.
     let release = world.dir.path().join("release");
-    let long = format!(
-        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
-        release.display()
-    );
-    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    let (long, quick) = held_and_quick(&release);
     let first = world.submit(long.as_bytes(), None).await?;
     world.wait_started(&first).await?;
     let dispatched_to_w1 = |events: &[flowmesh_domain::Event], wf: &str| {
@@ -514,11 +520,7 @@ async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_
         &[("WORKER_BATCH_SLOTS", "1"), ("WORKER_PREFETCH", "1"), ("WORKER_DRAIN_GRACE_SEC", "60")],
     )?;
     let release = world.dir.path().join("release");
-    let long = format!(
-        "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
-        release.display()
-    );
-    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    let (long, quick) = held_and_quick(&release);
     let running = world.submit(long.as_bytes(), None).await?;
     world.wait_started(&running).await?;
     let queued = world.submit(quick.as_bytes(), None).await?;
