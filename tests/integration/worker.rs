@@ -460,6 +460,9 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     world.control_plane().await?;
     let mut config = worker_config(&world, "w1", None);
     (config.batch_slots, config.prefetch) = (1, 1);
+    // Short, so that the queued order outlives it below.
+    config.ack_wait = std::time::Duration::from_secs(2);
+    let ack_wait = config.ack_wait;
     world.worker(config).await?;
     assert_eq!(snapshot(&world, "w1").await?.prefetch, 1, "the snapshot advertises the queue");
     let out = world.cli(&["worker", "list"]).await?;
@@ -491,6 +494,11 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     // Queued again; it runs only once the first has ended.
     let queued = world.submit(quick.as_bytes(), None).await?;
     world.wait_for("the third order to reach w1's queue", |events| dispatched_to_w1(events, &queued)).await?;
+    // It waits longer than two ack waits (time passing is the scenario here, not a stand-in for
+    // an event): progress acks keep the server from delivering it again meanwhile.
+    tokio::time::sleep(ack_wait * 5 / 2).await;
+    let consumer = world.handles.js.get_stream("FLOWMESH_EVENTS").await?.consumer_info("worker-w1").await?;
+    assert_eq!(consumer.num_redelivered, 0, "{consumer:#?}");
     std::fs::write(&release, b"")?;
     let events = world.wait_workflow_end(&queued).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
