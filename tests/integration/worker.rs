@@ -466,7 +466,7 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     world.worker(config).await?;
     assert_eq!(snapshot(&world, "w1").await?.prefetch, 1, "the snapshot advertises the queue");
     let out = world.cli(&["worker", "list"]).await?;
-    assert!(String::from_utf8_lossy(&out.stdout).contains("0/1 +1 queued"), "{}", tests::output_text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0/1, queue 0/1"), "{}", tests::output_text(&out));
     // The first task runs until the test lets it end.
     let release = world.dir.path().join("release");
     let (long, quick) = held_and_quick(&release);
@@ -499,6 +499,16 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     tokio::time::sleep(ack_wait * 5 / 2).await;
     let consumer = world.handles.js.get_stream("FLOWMESH_EVENTS").await?.consumer_info("worker-w1").await?;
     assert_eq!(consumer.num_redelivered, 0, "{consumer:#?}");
+    // Its snapshot (sent every 500 ms) says the queue is taken, and `plan` counts it so: a next
+    // task would wait, where the running slot alone would leave it a queue place.
+    assert_eq!(snapshot(&world, "w1").await?.queued, 1);
+    let out = world.cli(&["worker", "list"]).await?;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1/1, queue 1/1"), "{}", tests::output_text(&out));
+    let file = world.dir.path().join("quick.yaml");
+    std::fs::write(&file, quick)?;
+    let out = world.cli(&["plan", file.to_str().unwrap()]).await?;
+    assert_eq!(out.status.code(), Some(1), "nothing can take it now: {}", tests::output_text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no free batch slot"), "{}", tests::output_text(&out));
     std::fs::write(&release, b"")?;
     let events = world.wait_workflow_end(&queued).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));

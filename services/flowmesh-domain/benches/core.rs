@@ -104,6 +104,7 @@ fn fleet(n: usize, rng: &mut Rng) -> Vec<WorkerSnapshot> {
                 executors: Vec::new(),
                 slots: Slots { batch: SlotCount { total: 4, in_use: 0 }, service: SlotCount { total: 1, in_use: 0 } },
                 prefetch: 0,
+                queued: 0,
                 ssh_limits: None,
                 tags: Vec::new(),
                 cost_per_hour: 1.0 + rng.below(30) as f64,

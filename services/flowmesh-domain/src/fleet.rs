@@ -19,6 +19,9 @@ pub struct WorkerSnapshot {
     /// has a free slot, so a prefetched order never waits while another worker idles.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prefetch: u32,
+    /// Orders waiting in that queue now (a slot's `in_use` counts only what runs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queued: u32,
     pub ssh_limits: Option<SshLimits>,
     #[serde(default)]
     pub tags: Vec<String>,

@@ -63,6 +63,8 @@ struct Shared {
     /// Tasks whose order it holds, by id, until they run (`execute` moves them to `active`): what
     /// cancels one waiting for a slot.
     queued: Mutex<BTreeMap<String, Arc<Trigger>>>,
+    /// Of those, how many wait for a slot now (the snapshot's `queued`).
+    waiting: std::sync::atomic::AtomicU32,
     active: Mutex<BTreeMap<String, Active>>,
     /// Run permits, one per slot of each kind: a task runs only holding one of its kind.
     batch_slots: Arc<tokio::sync::Semaphore>,
@@ -198,6 +200,7 @@ impl Shared {
                 service: SlotCount { total: self.config.service_slots, in_use: service_in_use },
             },
             prefetch: self.config.prefetch,
+            queued: self.waiting.load(std::sync::atomic::Ordering::SeqCst),
             ssh_limits: supported.iter().any(|t| t == "ssh").then_some(ssh),
             supported_task_types: supported,
             tags: self.config.tags.clone(),
@@ -279,6 +282,7 @@ pub async fn run(
         probe,
         journal,
         queued: Mutex::new(BTreeMap::new()),
+        waiting: std::sync::atomic::AtomicU32::new(0),
         active: Mutex::new(BTreeMap::new()),
         // A kind with no slots still runs one task: the router sends none, so that only serves
         // an order sent on an older snapshot.
@@ -586,6 +590,7 @@ async fn take_turn(shared: &Shared, order: &WorkOrder, message: &jetstream::Mess
     let slot = match slots.clone().try_acquire_owned() {
         Ok(slot) => slot,
         Err(_) => {
+            let _waiting = Waiting::enter(&shared.waiting);
             let waited = with_progress(message, shared.config.ack_wait, async {
                 tokio::select! {
                     biased;
@@ -606,6 +611,22 @@ async fn take_turn(shared: &Shared, order: &WorkOrder, message: &jetstream::Mess
     };
     // Known as queued until `execute` lists it as active, so a cancel arriving between finds it.
     Turn::Run(slot, (trigger, cancel))
+}
+
+/// Counts a task as waiting for a slot while it lives.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicU32) -> Waiting<'a> {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Fault injection for crash tests: `FLOWMESH_FAILPOINT=<name>` makes the process die at once

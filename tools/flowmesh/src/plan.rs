@@ -46,7 +46,8 @@ pub fn plan(
         .iter()
         .map(|w| Candidate {
             snapshot: w,
-            batch_in_use: w.slots.batch.in_use,
+            // What runs and what waits in its queue, as the router counts them.
+            batch_in_use: w.slots.batch.in_use + w.queued,
             service_in_use: w.slots.service.in_use,
             cordoned: cordoned.contains(&w.id),
             draining: draining.contains(&w.id),

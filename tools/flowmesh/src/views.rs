@@ -187,7 +187,7 @@ impl Row for WorkerRow {
             gpus,
             match w.prefetch {
                 0 => format!("{}/{}", w.slots.batch.in_use, w.slots.batch.total),
-                queue => format!("{}/{} +{queue} queued", w.slots.batch.in_use, w.slots.batch.total),
+                queue => format!("{}/{}, queue {}/{queue}", w.slots.batch.in_use, w.slots.batch.total, w.queued),
             },
             stale,
             if w.simulated { "yes".into() } else { "no".into() },
