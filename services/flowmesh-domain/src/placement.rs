@@ -528,6 +528,12 @@ impl Member {
         let total = self.snapshot.slots.batch.total;
         self.batch_in_use >= total && self.batch_in_use < total + self.snapshot.prefetch
     }
+
+    /// Whether a task whose first exclusion here is `first` can go into this worker's queue. A
+    /// busy slot is the last check, so as the first exclusion it is the only one.
+    fn takes_into_queue(&self, first: &Exclusion) -> bool {
+        *first == Exclusion::NoFreeSlot { service: false } && self.queues()
+    }
 }
 
 /// The caches behind `&self` are plain maps: a panic while one was held left nothing half-made
@@ -844,8 +850,7 @@ impl FleetIndex {
             match self.check(request, w) {
                 None => eligible.push(i),
                 Some((first, permanent)) => {
-                    // A busy slot is the last check: as the first exclusion, it is the only one.
-                    if first == (Exclusion::NoFreeSlot { service: false }) && w.queues() {
+                    if w.takes_into_queue(&first) {
                         queueing.push(i);
                     }
                     if !permanent {
@@ -977,9 +982,7 @@ impl FleetIndex {
             }
             let eligible = match self.check(request, w) {
                 None => true,
-                // A busy slot is the last check: as the first exclusion, it is the only one.
-                Some((Exclusion::NoFreeSlot { service: false }, _)) => to_queue && w.queues(),
-                Some(_) => false,
+                Some((first, _)) => to_queue && w.takes_into_queue(&first),
             };
             if !eligible {
                 continue;

@@ -379,7 +379,7 @@ pub async fn run(
 
     // The orders it holds at once: one per slot, and its queue (`prefetch`) of batch orders that
     // wait for a batch slot, acking progress meanwhile so their ack wait never runs out.
-    let slots = ((shared.config.batch_slots + shared.config.service_slots).max(1) + shared.config.prefetch) as usize;
+    let held = ((shared.config.batch_slots + shared.config.service_slots).max(1) + shared.config.prefetch) as usize;
     // Two queues, one durable consumer each, created or updated (a worker restarted with more
     // slots or another ack wait gets them). The router sends a worker no more tasks than it has
     // slots and queue places.
@@ -398,7 +398,7 @@ pub async fn run(
             filter_subject: subjects::dispatches(&id),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             ack_wait: shared.config.ack_wait,
-            max_ack_pending: slots as i64,
+            max_ack_pending: held as i64,
             ..Default::default()
         })
         .await?
@@ -415,7 +415,7 @@ pub async fn run(
             filter_subject: subjects::work(&id),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
             ack_wait: shared.config.ack_wait,
-            max_ack_pending: slots as i64,
+            max_ack_pending: held as i64,
             ..Default::default()
         })
         .await?
@@ -423,9 +423,9 @@ pub async fn run(
         .await?
         .map(|m| m.map_err(|e| e.to_string()));
     let mut messages = futures_util::stream::select(dispatches, orders);
-    let permits = Arc::new(tokio::sync::Semaphore::new(slots));
+    let permits = Arc::new(tokio::sync::Semaphore::new(held));
     let mut running = tokio::task::JoinSet::new();
-    info!(worker_id = %id, slots, "worker ready");
+    info!(worker_id = %id, held, "worker ready");
     loop {
         let permit = tokio::select! {
             _ = shutdown.wait() => break,
