@@ -544,6 +544,14 @@ impl State {
     /// workflow whose task is the shared execution of a merged task still waiting for its result
     /// stays until a later call. Returns how many were dropped.
     pub fn forget_ended(&mut self) -> usize {
+        self.forget_ended_into(&mut Vec::new())
+    }
+
+    /// [`State::forget_ended`], moving the workflows it drops into `dropped` instead of freeing
+    /// them, so that the caller frees them where it holds nothing up: freeing a whole workflow
+    /// (its spec, results and strings) costs several microseconds, and a router forgets a tick's
+    /// worth at once (about 900 at 1,800 workflows/s: 7-10 ms of its loop on this machine).
+    pub fn forget_ended_into(&mut self, dropped: &mut Vec<Arc<WorkflowState>>) -> usize {
         let rejected = std::mem::take(&mut self.rejected);
         for id in rejected.keys() {
             self.forgotten.insert(id);
@@ -566,6 +574,7 @@ impl State {
                 for t in &wf.tasks {
                     self.task_index.remove(&t.def.task_id);
                 }
+                dropped.push(wf);
             }
             self.forgotten.insert(id);
         }

@@ -233,7 +233,12 @@ pub async fn run(
                 let connected = router.client.connection_state() == async_nats::connection::State::Connected;
                 router.note_contact(connected);
                 // What ended is dropped from the fold: the router holds what runs, not history.
-                router.state.forget_ended();
+                // Freeing it is left to the blocking pool, so that no event waits for it.
+                let mut dropped = Vec::new();
+                router.state.forget_ended_into(&mut dropped);
+                if !dropped.is_empty() {
+                    tokio::task::spawn_blocking(move || drop(dropped));
+                }
                 // Time-based rules (grace periods) are looked at in a whole round, on the tick
                 // or, when what runs makes one costly, less often.
                 let (at, cost) = router.last_whole;
