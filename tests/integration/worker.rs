@@ -437,7 +437,8 @@ fn held_and_quick(release: &std::path::Path) -> (String, &'static str) {
         "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {{name: long}}\nspec:\n  taskType: python\n  command: 'while [ ! -f {} ]; do sleep 0.05; done; echo done'\n",
         release.display()
     );
-    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  command: 'echo quick'\n";
+    // One attempt only: an order handed back unrun must not spend it.
+    let quick = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: quick}\nspec:\n  taskType: python\n  maxAttempts: 1\n  command: 'echo quick'\n";
     (held, quick)
 }
 
@@ -573,8 +574,9 @@ async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_
     };
     assert!(!by("w1") && by("w2"), "the queued task ran on w2 only: {events:#?}");
     assert!(
-        events.iter().any(|e| matches!(&e.body, EventBody::TaskRequeued(r) if r.worker_id.as_deref() == Some("w1"))),
-        "requeued when w1 left: {:?}",
+        events.iter().any(|e| matches!(&e.body, EventBody::TaskRequeued(r)
+            if r.worker_id.as_deref() == Some("w1") && r.reason == flowmesh_domain::state::REQUEUED_UNRUN)),
+        "requeued unrun when w1 left, its only attempt not spent: {:?}",
         kinds(&events)
     );
     let events = world.wait_workflow_end(&running).await?;

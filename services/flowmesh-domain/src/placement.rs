@@ -8,7 +8,7 @@ use crate::units::{self, format_bytes};
 use crate::validate::{InferenceBackend, inference_backend};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// What a task needs from a worker.
@@ -431,6 +431,8 @@ pub struct FleetIndex {
     /// Per task type: the workers serving it with room (a free slot of its kind, or a free place
     /// in their queue), and those with a free slot.
     free_by_type: HashMap<String, (usize, usize)>,
+    /// Workers that left the fleet themselves (a clean stop) and have not come back since.
+    departed: HashSet<String>,
 }
 
 /// A `Request` made hashable: the CPU count by its bits (requests come from the same parser, so
@@ -620,11 +622,26 @@ impl FleetIndex {
                 }
             }
             Err(i) => {
+                self.departed.remove(&snapshot.id);
                 self.workers.insert(i, Member::new(snapshot.clone()));
                 self.stale = true;
                 self.signature = OnceLock::new();
             }
         }
+    }
+
+    /// Drops a worker that left the fleet itself, in a clean stop: it ran every order it took
+    /// or handed it back unrun (`departed`).
+    pub fn depart(&mut self, worker_id: &str) {
+        self.remove(worker_id);
+        self.departed.insert(worker_id.to_owned());
+    }
+
+    /// Whether `worker_id` left the fleet in a clean stop (`depart`) and has not come back. A task
+    /// it held that never reported a start was handed back unrun: a worker that stops cleanly
+    /// finishes (or reports) what runs and hands back what waits in its queue.
+    pub fn departed(&self, worker_id: &str) -> bool {
+        self.departed.contains(worker_id)
     }
 
     /// Drops a worker that is no longer live.

@@ -683,7 +683,15 @@ fn decide_workflow(
                         worker_id: Some(worker.to_owned()),
                         reason: format!("cancel requested; worker {worker} was lost"),
                     })
-                } else if t.attempt < t.def.max_attempts {
+                } else if t.status == TaskStatus::Dispatched && index.departed(worker) {
+                    // Never started on a worker that stopped cleanly: it waited in that worker's
+                    // queue and was handed back unrun, so the new attempt does not spend one.
+                    EventBody::TaskRequeued(TaskRequeued {
+                        task: TaskRef { attempt: t.attempt + 1, ..tref() },
+                        reason: crate::state::REQUEUED_UNRUN.to_owned(),
+                        worker_id: Some(worker.to_owned()),
+                    })
+                } else if t.counted_attempts() < t.def.max_attempts {
                     EventBody::TaskRequeued(TaskRequeued {
                         task: TaskRef { attempt: t.attempt + 1, ..tref() },
                         reason: "worker_lost".to_owned(),

@@ -91,6 +91,25 @@ pub struct TaskState {
     /// The task whose execution this one shares (`task.merged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_into: Option<String>,
+    /// Attempts handed back unrun ([`REQUEUED_UNRUN`]): they do not count against `max_attempts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrun_attempts: u32,
+}
+
+/// The reason of a `task.requeued` for an attempt that never ran: a worker that stopped cleanly
+/// handed its order back from its queue. Such an attempt is not spent.
+pub const REQUEUED_UNRUN: &str = "handed_back_unrun";
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl TaskState {
+    /// The attempts counted against `max_attempts` so far, the current one included: those
+    /// handed back unrun are not.
+    pub fn counted_attempts(&self) -> u32 {
+        self.attempt.saturating_sub(self.unrun_attempts)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -347,7 +366,7 @@ impl State {
                 Applied::Changed
             }),
             EventBody::TaskFailed(e) => self.update_report(&e.task, e.worker_id.as_deref(), |t| {
-                let retry = e.retryable && t.attempt < t.def.max_attempts && !t.cancel_requested;
+                let retry = e.retryable && t.counted_attempts() < t.def.max_attempts && !t.cancel_requested;
                 t.status = if retry { TaskStatus::Retrying } else { TaskStatus::Failed };
                 if let Some(worker) = &e.worker_id {
                     t.failed_on.insert(worker.clone());
@@ -360,7 +379,10 @@ impl State {
                 // The requeue names the new attempt; it applies to the one before it.
                 let previous = TaskRef { attempt: e.task.attempt.saturating_sub(1), ..e.task.clone() };
                 self.update_task(&previous, |t| {
-                    if let Some(worker) = &e.worker_id {
+                    if e.reason == REQUEUED_UNRUN {
+                        // Not the worker's failure, and not an attempt spent.
+                        t.unrun_attempts += 1;
+                    } else if let Some(worker) = &e.worker_id {
                         t.failed_on.insert(worker.clone());
                     }
                     t.attempt = e.task.attempt;
@@ -459,6 +481,7 @@ impl State {
                 progress: None,
                 cancel_requested: false,
                 merged_into: None,
+                unrun_attempts: 0,
             })
             .collect();
         for (i, t) in tasks.iter().enumerate() {

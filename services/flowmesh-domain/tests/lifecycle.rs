@@ -703,3 +703,54 @@ fn a_busy_backlog_is_placed_again_only_when_a_slot_frees_or_the_fleet_changes() 
         [("w1", held_by_w2, 2)]
     );
 }
+
+/// A worker that stops cleanly hands back the orders waiting in its queue unrun: a task it held
+/// that never reported a start is requeued without spending an attempt (even its only one), and
+/// the worker is not marked as having failed it. What it started, and what a worker that vanished
+/// held, spend their attempt as before.
+#[test]
+fn a_task_handed_back_unrun_by_a_cleanly_stopped_worker_keeps_its_attempts() {
+    const ONE_TRY: &str = "apiVersion: flowmesh/v1\nkind: EchoTask\nmetadata: {name: one}\nspec:\n  taskType: echo\n  maxAttempts: 1\n  data: {type: list, items: [a]}\n";
+    // (how the worker left, whether the task reported a start) → what the router decides.
+    let cases = [(true, false, Some(flowmesh_domain::state::REQUEUED_UNRUN)), (true, true, None), (false, false, None)];
+    for (clean_stop, started, requeued) in cases {
+        let mut s = Scenario::new(ONE_TRY, vec![worker("w1", &["echo"]), worker("w2", &["echo"])]);
+        let held = s.route()[0].0.clone();
+        if started {
+            s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("main", 1), worker_id: held.clone() }));
+        }
+        s.fleet.retain(|w| w.id != held);
+        if clean_stop {
+            s.index.depart(&held);
+        } else {
+            s.index.remove(&held);
+        }
+        let actions = decide_with(&s.state, &mut s.index, s.now, &s.config, &mut s.requests);
+        let [Action::Publish(body)] = actions.as_slice() else { panic!("one decision: {actions:?}") };
+        let case = (clean_stop, started);
+        match (body, requeued) {
+            (EventBody::TaskRequeued(r), Some(reason)) => {
+                assert_eq!(
+                    (r.reason.as_str(), r.task.attempt, r.worker_id.as_deref()),
+                    (reason, 2, Some(held.as_str()))
+                );
+            }
+            (EventBody::TaskFailed(f), None) => assert_eq!(f.reason, FailureReason::WorkerLost, "{case:?}"),
+            _ => panic!("{case:?}: {body:?}"),
+        }
+        s.apply(body.clone());
+        if requeued.is_none() {
+            assert_eq!(s.status("main"), TaskStatus::Failed, "{case:?}: its one attempt is spent");
+            continue;
+        }
+        let t = s.state.task("wf-1-main").unwrap();
+        assert_eq!((t.status, t.attempt, t.counted_attempts()), (TaskStatus::Waiting, 2, 1));
+        assert!(t.failed_on.is_empty(), "not the worker's failure: {:?}", t.failed_on);
+        // The new attempt runs elsewhere and is the one that counts: failing, it is not retried.
+        let sent = s.route();
+        assert_eq!((sent.len(), sent[0].2), (1, 2));
+        assert_ne!(sent[0].0, held);
+        s.fail(&sent[0].0, "main", 2, true);
+        assert_eq!(s.status("main"), TaskStatus::Failed, "one attempt ran, the only one allowed");
+    }
+}

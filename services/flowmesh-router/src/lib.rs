@@ -491,7 +491,11 @@ impl Router {
                     }));
                 }
             } else {
-                live.remove(id);
+                if seen.left {
+                    live.depart(id);
+                } else {
+                    live.remove(id);
+                }
                 seen.indexed = false;
                 if state.joined_workers.get(id) == Some(incarnation) && state.lost_workers.get(id) != Some(incarnation)
                 {
