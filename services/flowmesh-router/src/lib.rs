@@ -219,10 +219,20 @@ pub async fn run(
             next = watch.next() => match next {
                 Some(Ok(entry)) => {
                     let now = clock::now_ms();
-                    router.observe(entry, now);
+                    let mut left = router.observe(entry, now);
                     // Take every snapshot that has already arrived, then decide once for all.
                     while let Some(Some(Ok(entry))) = watch.next().now_or_never() {
-                        router.observe(entry, now);
+                        left |= router.observe(entry, now);
+                    }
+                    // A worker that leaves stores its last reports before it deletes its
+                    // snapshot, but the two reach the router on separate consumers: fold the log
+                    // to its end before deciding about what the worker held, or a report still on
+                    // its way is taken for work never done (run again) or never finished.
+                    if left {
+                        match events_stream.info().await {
+                            Ok(info) => router.target_seq = router.target_seq.max(info.state.last_sequence),
+                            Err(e) => warn!(error = %e, "could not read the event log's end after a worker left"),
+                        }
                     }
                 }
                 Some(Err(e)) => { warn!(error = %e, "fleet watch interrupted"); continue; }
@@ -327,10 +337,11 @@ impl Router {
         }
     }
 
-    /// Takes in a bucket entry the router received at `updated_ms` (its own clock).
-    fn observe(&mut self, entry: kv::Entry, updated_ms: u64) {
+    /// Takes in a bucket entry the router received at `updated_ms` (its own clock); returns
+    /// whether it says a known worker left.
+    fn observe(&mut self, entry: kv::Entry, updated_ms: u64) -> bool {
         if self.fleet.get(&entry.key).is_some_and(|seen| seen.revision >= entry.revision) {
-            return;
+            return false;
         }
         match entry.operation {
             kv::Operation::Put => match serde_json::from_slice::<WorkerSnapshot>(&entry.value) {
@@ -340,17 +351,19 @@ impl Router {
                         Seen { snapshot, updated_ms, revision: entry.revision, left: false, indexed: false },
                     );
                     self.fleet_changed.insert(entry.key);
+                    false
                 }
                 Err(e) => {
-                    warn!(key = %entry.key, error = %e, "unreadable worker snapshot; ignoring it")
+                    warn!(key = %entry.key, error = %e, "unreadable worker snapshot; ignoring it");
+                    false
                 }
             },
             kv::Operation::Delete | kv::Operation::Purge => {
-                if let Some(seen) = self.fleet.get_mut(&entry.key) {
-                    seen.left = true;
-                    seen.revision = entry.revision;
-                    self.fleet_changed.insert(entry.key);
-                }
+                let Some(seen) = self.fleet.get_mut(&entry.key) else { return false };
+                seen.left = true;
+                seen.revision = entry.revision;
+                self.fleet_changed.insert(entry.key);
+                true
             }
         }
     }
