@@ -94,6 +94,7 @@ async fn metrics_count_verdicts_dispatches_and_tasks() -> anyhow::Result<()> {
             && worker.contains("flowmesh_tasks_total{task_type=\"echo\",outcome=\"completed\"} 1");
         if ok {
             assert!(validator.contains("flowmesh_validation_seconds"), "{validator}");
+            assert!(router.contains("flowmesh_router_tick_seconds"), "{router}");
             break;
         }
         anyhow::ensure!(

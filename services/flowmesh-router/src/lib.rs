@@ -240,6 +240,7 @@ pub async fn run(
             },
             _ = lease_tick.tick() => router.renew_lease().await,
             _ = tick.tick() => {
+                let ticking = std::time::Instant::now();
                 let connected = router.client.connection_state() == async_nats::connection::State::Connected;
                 router.note_contact(connected);
                 // What ended is dropped from the fold: the router holds what runs, not history.
@@ -277,6 +278,8 @@ pub async fn run(
                     }));
                     last_checkpoint = tokio::time::Instant::now();
                 }
+                // How long the tick held the loop: no event is folded meanwhile.
+                metrics::histogram!("flowmesh_router_tick_seconds").record(ticking.elapsed().as_secs_f64());
             }
         }
         if let Err(e) = router.act().await {
