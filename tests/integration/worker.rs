@@ -529,9 +529,21 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
 }
 
 /// A stopping worker hands back the order waiting in its queue at once, unrun and unacked, while
-/// its running task finishes; leaving the fleet requeues the queued task, and another worker runs it.
+/// its running task finishes; leaving the fleet requeues the queued task without spending its
+/// only attempt, and another worker runs it.
 #[tokio::test]
 async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_runs_it() -> anyhow::Result<()> {
+    stopping_worker_hands_back_its_queue(false).await
+}
+
+/// As above, with the router down while the worker leaves: the router started afterwards reads
+/// from the bucket that the worker left cleanly, so the queued task still keeps its attempt.
+#[tokio::test]
+async fn a_router_started_after_a_worker_left_cleanly_requeues_its_queued_order_unrun() -> anyhow::Result<()> {
+    stopping_worker_hands_back_its_queue(true).await
+}
+
+async fn stopping_worker_hands_back_its_queue(router_down_meanwhile: bool) -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.control_plane().await?;
     world.worker_process(
@@ -551,6 +563,9 @@ async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_
         })
         .await?;
 
+    if router_down_meanwhile {
+        world.stop("router").await?;
+    }
     // The running task is let go only once w1 says it drains, so its slot cannot free first.
     world.terminate("w1")?;
     let deadline = tokio::time::Instant::now() + tests::DEADLINE;
@@ -562,6 +577,9 @@ async fn a_stopping_worker_hands_back_its_queued_order_unrun_and_another_worker_
     let status = world.wait_exit("w1").await?;
     assert!(status.success(), "{status:?}\n{}", world.process_log("w1"));
     world.worker(worker_config(&world, "w2", None)).await?;
+    if router_down_meanwhile {
+        world.router("router").await?;
+    }
 
     let events = world.wait_workflow_end(&queued).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
