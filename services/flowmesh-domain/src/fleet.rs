@@ -42,7 +42,7 @@ pub struct WorkerSnapshot {
     pub warm_models: Vec<WarmModel>,
 }
 
-fn is_zero(n: &u32) -> bool {
+pub(crate) fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 

@@ -92,17 +92,13 @@ pub struct TaskState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_into: Option<String>,
     /// Attempts handed back unrun ([`REQUEUED_UNRUN`]): they do not count against `max_attempts`.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::fleet::is_zero")]
     pub unrun_attempts: u32,
 }
 
 /// The reason of a `task.requeued` for an attempt that never ran: a worker that stopped cleanly
 /// handed its order back from its queue. Such an attempt is not spent.
 pub const REQUEUED_UNRUN: &str = "handed_back_unrun";
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
 
 impl TaskState {
     /// The attempts counted against `max_attempts` so far, the current one included: those

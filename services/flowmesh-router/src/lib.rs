@@ -185,13 +185,13 @@ pub async fn run(
     let created: Vec<u64> = current.iter().map(|e| clock::unix_ms(e.created)).collect();
     let freshest = created.iter().copied().max().unwrap_or(0);
     let now = clock::now_ms();
-    let live: BTreeSet<String> = current.iter().map(|e| e.key.clone()).collect();
+    let with_snapshot: BTreeSet<String> = current.iter().map(|e| e.key.clone()).collect();
     for (entry, created) in current.into_iter().zip(created) {
         router.observe(entry, received_before_start(created, freshest, now));
     }
     // Workers that left cleanly before this router ran are known as such from its first round:
     // what they held and never started was handed back, not lost (`FleetIndex::depart`).
-    match departed_before_start(&router.handles, &live).await {
+    match departed_before_start(&router.handles.workers, &with_snapshot).await {
         Ok(departed) => departed.iter().for_each(|id| router.live.depart(id)),
         Err(e) => warn!(error = %e, "could not read which workers left before this router started"),
     }
@@ -306,20 +306,17 @@ pub async fn run(
     Ok(())
 }
 
-/// The workers whose snapshot's last entry in the bucket is a delete (a clean stop) and that are
-/// not in `live` (the keys with a snapshot now). A deleted key's marker stays in the bucket's
-/// stream until the bucket's age limit removes it.
-async fn departed_before_start(handles: &Handles, live: &BTreeSet<String>) -> anyhow::Result<Vec<String>> {
-    let stream = handles.js.get_stream(format!("KV_{}", subjects::WORKERS_BUCKET)).await?;
-    let prefix = format!("$KV.{}.", subjects::WORKERS_BUCKET);
-    let mut keys = stream.info_with_subjects(format!("{prefix}>")).await?;
+/// The workers whose last entry in the bucket is a delete (a clean stop), among the keys with no
+/// snapshot now (not in `with_snapshot`). A deleted key's marker stays in the bucket's stream
+/// until the bucket's age limit removes it.
+async fn departed_before_start(workers: &kv::Store, with_snapshot: &BTreeSet<String>) -> anyhow::Result<Vec<String>> {
+    let mut subjects = workers.stream.info_with_subjects(format!("{}>", workers.prefix)).await?;
     let mut departed = Vec::new();
-    while let Some(subject) = keys.next().await {
+    while let Some(subject) = subjects.next().await {
         let (subject, _) = subject?;
-        let Some(key) = subject.strip_prefix(&prefix).filter(|k| !live.contains(*k)) else { continue };
-        let last = stream.get_last_raw_message_by_subject(&subject).await?;
-        let operation = last.headers.get("KV-Operation").map(|v| v.as_str());
-        if matches!(operation, Some("DEL" | "PURGE")) {
+        let Some(key) = subject.strip_prefix(&workers.prefix).filter(|k| !with_snapshot.contains(*k)) else { continue };
+        let entry = workers.entry(key).await?;
+        if entry.is_some_and(|e| matches!(e.operation, kv::Operation::Delete | kv::Operation::Purge)) {
             departed.push(key.to_owned());
         }
     }
