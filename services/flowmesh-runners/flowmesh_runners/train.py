@@ -171,6 +171,8 @@ def finish(task: Task, trainer: Any, tokenizer: Any, callback: Any, base: str, e
         "final_loss": callback.losses[-1] if callback.losses else None,
         "train_loss": train_loss,
         "adapter": (target / "adapter_config.json").is_file(),
+        # Where the weights were trained: "cuda:0" on the GPU the worker gave this task, else "cpu".
+        "device": str(trainer.args.device),
         "final_model_path": rel,
         # An object-store name under this task: a later stage's `${stage.final_model_archive}`
         # resolves to it, and its runner finds the files among its downloaded inputs.

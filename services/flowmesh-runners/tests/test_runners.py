@@ -77,7 +77,7 @@ def test_two_sft_steps_report_loss_and_save_the_model(task_env, task_type, saved
     assert result["final_model_archive"] == f"wf-3-train/{saved}"
     marker = "adapter_config.json" if task_type == "lora_sft" else "config.json"
     assert (folder / "output" / saved / marker).is_file()
-    assert result["adapter"] == (task_type == "lora_sft")
+    assert result["adapter"] == (task_type == "lora_sft") and result["device"] == "cpu"
     steps = [p for p in progress_lines(folder) if "loss" in p]
     assert [p["step"] for p in steps] == [1, 2] and all("learning_rate" in p for p in steps)
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# On a machine with a real NVIDIA GPU: prints what the worker's probe finds (NVML and the ML
+# runners), then runs a two-stage workflow on that GPU end to end through a local stack: a LoRA
+# fine-tune (TRL) of a tiny random-weight Llama that `flowmesh_runners.tiny` builds, then inference
+# with the adapter it produced, each stage asking for one GPU; the worker is a plain `flowmesh
+# worker` with nothing simulated. Writes what it saw into OUT_DIR (default ./gpu-check): the probe,
+# nvidia-smi's list of compute processes sampled while the tasks ran, each task's results.json and
+# the logs. Needs `flowmesh` and `nats-server` on PATH and the runners importable by python3
+# (PYTHONPATH=services/flowmesh-runners will do). Exit status 0 only when the workflow completed
+# and both results say they ran on cuda.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=$(mkdir -p "${1:-gpu-check}" && cd "${1:-gpu-check}" && pwd)
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  cp "$work"/*.log "$out"/ 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cd "$work"
+
+nvidia-smi -L | tee "$out/nvidia-smi.txt"
+# The probe as the worker runs it at start (no cached runner answers).
+FLOWMESH_RUNNERS=python3 FLOWMESH_RUNNERS_CACHE=off flowmesh worker --collect-hw >"$out/collect-hw.json"
+python3 - "$out/collect-hw.json" <<'PY'
+import json, sys
+hw = json.load(open(sys.argv[1]))
+print(json.dumps({k: hw[k] for k in hw if k != "executors"}, indent=1)[:2000])
+print("executors:", json.dumps(hw.get("executors"))[:1500])
+PY
+
+python3 -m flowmesh_runners.tiny ./tiny >/dev/null 2>tiny.log
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export NATS_URL="nats://127.0.0.1:$port"
+flowmesh dev --data ./data --workers 0 --no-worker-grace-sec 60 --port "$port" >dev.log 2>&1 &
+pids+=($!)
+FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP="$work/tiny/models.json" HF_HUB_OFFLINE=1 WORKER_ID=gpu-real \
+  flowmesh worker >worker.log 2>&1 &
+pids+=($!)
+for _ in $(seq 1500); do flowmesh worker info gpu-real 2>/dev/null | grep -q '"trl"' && break; sleep 0.2; done
+flowmesh worker list | tee "$out/workers.txt"
+
+cat >gpu.yaml <<'YAML'
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata:
+  name: gpu-sft-then-inference
+spec:
+  model:
+    source: {type: huggingface, identifier: meta-llama/Llama-3.2-1B-Instruct}
+  resources:
+    hardware:
+      cpu: 1
+      gpu: {count: 1}
+  stages:
+    - name: train
+      spec:
+        taskType: lora_sft
+        lora: {r: 4, alpha: 8, target_modules: [q_proj, v_proj]}
+        data:
+          samples:
+            - {prompt: "how should i name variables ?", response: "use short descriptive names"}
+            - {prompt: "why write tests ?", response: "tests catch regressions early"}
+        training: {max_steps: 4, batch_size: 2, learning_rate: 0.001, bf16: true}
+        output:
+          artifacts: [results.json, final_lora]
+    - name: infer
+      dependsOn: [train]
+      spec:
+        taskType: inference
+        checkpoint:
+          load: {type: local, path: "${train.final_model_archive}"}
+        data: {type: list, items: ["why write tests ?"]}
+        inference: {max_tokens: 5, min_tokens: 5}
+YAML
+
+nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv -lms 250 \
+  >"$out/compute-apps.csv" 2>&1 &
+pids+=($!)
+start=$(date +%s)
+set +e
+timeout 600 flowmesh submit gpu.yaml --watch 2>&1 | tee "$out/watch.txt"
+code=${PIPESTATUS[0]}
+set -e
+echo "workflow: exit $code after $(( $(date +%s) - start ))s"
+flowmesh task list | tee "$out/tasks.txt"
+ok=$code
+for stage in train infer; do
+  task=$(grep -oE "wf-[0-9]+-$stage" "$out/tasks.txt" | head -1)
+  [ -n "$task" ] || { echo "no task for stage $stage"; ok=1; continue; }
+  flowmesh result fetch "$task" --out "./$stage" >/dev/null
+  cp "./$stage/results.json" "$out/$stage-results.json"
+  device=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("device"))' "./$stage/results.json")
+  echo "$stage ($task) ran on: $device"
+  case "$device" in cuda*) ;; *) ok=1 ;; esac
+done
+exit "$ok"
