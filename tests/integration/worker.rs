@@ -603,6 +603,11 @@ async fn stopping_worker_hands_back_its_queue(router_down_meanwhile: bool) -> an
         "the running task finished on w1 within its grace: {:?}",
         kinds(&events)
     );
+    // Nothing is left on w1, which left for good: the router forgets it and remembers w2 alone.
+    let router = world
+        .status_when("router", |s| s["caught_up"] == true && s["live_workers"] == 1 && s["known_workers"] == 1)
+        .await?;
+    assert_eq!((&router["known_workers"], &router["live_workers"]), (&1.into(), &1.into()), "{router}");
     world.shutdown().await;
     Ok(())
 }

@@ -634,7 +634,10 @@ impl FleetIndex {
     /// or handed it back unrun (`departed`).
     pub fn depart(&mut self, worker_id: &str) {
         self.remove(worker_id);
-        self.departed.insert(worker_id.to_owned());
+        // Looked at on every tick while it is remembered: no new string each time.
+        if !self.departed.contains(worker_id) {
+            self.departed.insert(worker_id.to_owned());
+        }
     }
 
     /// Whether `worker_id` left the fleet in a clean stop (`depart`) and has not come back. A task
@@ -642,6 +645,18 @@ impl FleetIndex {
     /// finishes (or reports) what runs and hands back what waits in its queue.
     pub fn departed(&self, worker_id: &str) -> bool {
         self.departed.contains(worker_id)
+    }
+
+    /// The workers that left in a clean stop and are still remembered as such.
+    pub fn departed_ids(&self) -> impl Iterator<Item = &String> {
+        self.departed.iter()
+    }
+
+    /// Drops everything the index knows of a worker, its clean departure included: nothing it
+    /// held is left to decide about.
+    pub fn forget(&mut self, worker_id: &str) {
+        self.remove(worker_id);
+        self.departed.remove(worker_id);
     }
 
     /// Drops a worker that is no longer live.

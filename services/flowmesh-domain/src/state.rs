@@ -600,6 +600,23 @@ impl State {
         rejected.len() + drop.len()
     }
 
+    /// Drops what the fold remembers of a worker's incarnations (joined, lost). The router calls
+    /// it for a worker gone for good that holds nothing, so that a fleet which scales with fresh
+    /// ids does not grow the fold for ever; the worker, if it comes back, joins anew.
+    pub fn forget_worker(&mut self, worker_id: &str) {
+        self.joined_workers.remove(worker_id);
+        self.lost_workers.remove(worker_id);
+    }
+
+    /// The workers that hold (or are about to hold) a task of a running workflow.
+    pub fn workers_holding_tasks(&self) -> BTreeSet<&str> {
+        self.running_workflows()
+            .flat_map(|wf| wf.tasks.iter())
+            .filter(|t| t.status.is_on_worker())
+            .filter_map(|t| t.worker_id.as_deref())
+            .collect()
+    }
+
     /// Every workflow with a verdict so far, accepted or rejected, held or forgotten.
     pub fn decided_workflows(&self) -> usize {
         self.workflows.len() + self.rejected.len() + self.forgotten.len()

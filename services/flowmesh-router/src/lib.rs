@@ -50,7 +50,14 @@ pub struct Config {
     pub checkpoint_dir: Option<std::path::PathBuf>,
     /// How often the checkpoint is written while events flow.
     pub checkpoint_every: Duration,
+    /// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
+    /// remembered once its loss is recorded and it holds nothing (`FORGET_SILENT_WORKERS_AFTER`).
+    pub forget_silent_workers_after: Duration,
 }
+
+/// A day: the workers bucket's own age limit (its `max_age`), and far past the event log's
+/// duplicate window (2 h), so that the same incarnation heard again after it joins anew.
+pub const FORGET_SILENT_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl RouterArgs {
     /// The router's configuration; clap has already checked every value.
@@ -68,6 +75,7 @@ impl RouterArgs {
             tick: Duration::from_millis(500),
             checkpoint_dir: self.router_checkpoint_dir.clone(),
             checkpoint_every: Duration::from_secs(10),
+            forget_silent_workers_after: FORGET_SILENT_WORKERS_AFTER,
         }
     }
 }
@@ -257,6 +265,7 @@ pub async fn run(
                 if !dropped.is_empty() {
                     tokio::task::spawn_blocking(move || drop(dropped));
                 }
+                router.forget_gone_workers(clock::now_ms());
                 // Time-based rules (grace periods) are looked at in a whole round, on the tick
                 // or, when what runs makes one costly, less often.
                 let (at, cost) = router.last_whole;
@@ -335,6 +344,16 @@ async fn written(write: Option<tokio::task::JoinHandle<checkpoint::Checkpoint>>)
     }
 }
 
+/// Whether the router may forget a worker that holds nothing of a running workflow: not `live`,
+/// and `settled` (the fold has its current incarnation's loss, or never had it join). A worker
+/// that `left` cleanly (its key deleted, which only the worker itself does as it stops) ended
+/// that incarnation: forgotten at once. One that went silent may be cut off and come back as the
+/// same incarnation, which must not be taken for a new join within the event log's duplicate
+/// window: forgotten after `after_ms` of silence (`silent_ms`).
+fn gone_for_good(live: bool, left: bool, settled: bool, silent_ms: u64, after_ms: u64) -> bool {
+    !live && settled && (left || silent_ms >= after_ms)
+}
+
 /// When, on the router's clock, to consider a snapshot found at start-up received: as much before
 /// `now_ms` as it is older than the freshest snapshot found (`freshest_ms`, server clock). A fleet
 /// that heartbeats keeps its freshest within an interval of the server's now; a fleet that all died
@@ -395,6 +414,62 @@ impl Router {
         }
     }
 
+    /// Forgets the workers gone for good, so that a fleet which scales with fresh ids grows
+    /// neither the router's memory nor its tick: their snapshot, their clean departure and what
+    /// the fold knows of their incarnations (`gone_for_good`). The fold must be whole (caught up):
+    /// a task it has not yet seen may be on such a worker.
+    fn forget_gone_workers(&mut self, now_ms: u64) {
+        if !self.caught_up() {
+            return;
+        }
+        let after_ms = self.config.forget_silent_workers_after.as_millis() as u64;
+        let Router { fleet, state, live, contact_since_ms, .. } = &*self;
+        let mut gone: BTreeSet<String> = fleet
+            .iter()
+            .filter(|(id, seen)| {
+                let incarnation = &seen.snapshot.started_at;
+                let settled = state.joined_workers.get(*id) != Some(incarnation)
+                    || state.lost_workers.get(*id) == Some(incarnation);
+                // Silence counts from the last contact regained, as liveness does.
+                let silent_ms = now_ms.saturating_sub(seen.updated_ms.max(*contact_since_ms));
+                gone_for_good(seen.is_live(now_ms, *contact_since_ms), seen.left, settled, silent_ms, after_ms)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        // Ids known without a snapshot: their entry left the bucket before this router saw it.
+        gone.extend(
+            state
+                .joined_workers
+                .keys()
+                .chain(state.lost_workers.keys())
+                .chain(live.departed_ids())
+                .filter(|id| !fleet.contains_key(*id))
+                .cloned(),
+        );
+        if gone.is_empty() {
+            return;
+        }
+        let holding = state.workers_holding_tasks();
+        let gone: Vec<String> = gone.into_iter().filter(|id| !holding.contains(id.as_str())).collect();
+        for id in &gone {
+            self.fleet.remove(id);
+            self.live.forget(id);
+            self.state.forget_worker(id);
+        }
+        if !gone.is_empty() {
+            debug!(workers = gone.len(), "forgot workers gone for good");
+        }
+    }
+
+    /// Every worker id the router remembers: a snapshot, a clean departure, an incarnation in
+    /// the fold. Live workers and those not yet gone for good (`forget_gone_workers`).
+    fn known_workers(&self) -> usize {
+        let mut ids: BTreeSet<&String> = self.fleet.keys().collect();
+        ids.extend(self.state.joined_workers.keys().chain(self.state.lost_workers.keys()));
+        ids.extend(self.live.departed_ids());
+        ids.len()
+    }
+
     /// What `flowmesh.router.status` answers (the gauges follow it).
     fn status(&self) -> serde_json::Value {
         let now = clock::now_ms();
@@ -418,6 +493,7 @@ impl Router {
             "workflows": self.state.decided_workflows(),
             "running_workflows": running,
             "live_workers": live,
+            "known_workers": self.known_workers(),
             "unreadable_events": self.unreadable,
         })
     }
@@ -700,8 +776,25 @@ const WHOLE_ROUND_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
-    use super::{received_before_start, whole_round_every};
+    use super::{gone_for_good, received_before_start, whole_round_every};
     use std::time::Duration;
+
+    #[test]
+    fn a_worker_is_forgotten_once_gone_for_good() {
+        let day = 24 * 3600 * 1000;
+        // (live, left, settled, silent for, forgotten)
+        for (live, left, settled, silent_ms, forgotten, why) in [
+            (true, false, true, 0, false, "live"),
+            (false, true, true, 0, true, "left cleanly, its loss folded: that incarnation is over"),
+            (false, true, false, day, false, "left, but its loss is not yet in the fold"),
+            (false, false, true, 60_000, false, "silent a minute: it may come back as the same incarnation"),
+            (false, false, true, day - 1, false, "silent just under the limit"),
+            (false, false, true, day, true, "silent a whole day, its loss folded"),
+            (false, false, false, 2 * day, false, "silent, its loss not yet folded"),
+        ] {
+            assert_eq!(gone_for_good(live, left, settled, silent_ms, day), forgotten, "{why}");
+        }
+    }
 
     #[test]
     fn a_whole_round_is_paced_by_its_cost() {
