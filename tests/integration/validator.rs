@@ -230,6 +230,36 @@ async fn a_full_submissions_stream_refuses_and_loses_nothing_it_acknowledged() -
     Ok(())
 }
 
+/// A deployment made by an older version, whose events stream kept message ids for 2 h, is
+/// brought to the definition's window in place at start-up, its events kept; a shorter window than
+/// the definition's (nobody's older version had one) stays a conflict.
+#[tokio::test]
+async fn an_older_longer_duplicate_window_is_shortened_in_place() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    let stream = flowmesh_nats::subjects::EVENTS_STREAM;
+    let defined = world.handles.js.get_stream(stream).await?.info().await?.config.duplicate_window;
+    assert_eq!(defined, std::time::Duration::from_secs(120), "the definition's window");
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let workflow_id = world.submit(&example("valid/echo.yaml"), None).await?;
+    world.wait_for("its verdict", |events| verdicts(events, &workflow_id) == 1).await?;
+    let stored = world.handles.js.get_stream(stream).await?.info().await?.state.messages;
+
+    let mut older = world.handles.js.get_stream(stream).await?.info().await?.config.clone();
+    older.duplicate_window = std::time::Duration::from_secs(2 * 3600);
+    world.handles.js.update_stream(&older).await?;
+    flowmesh_nats::Handles::ensure(&world.client, &flowmesh_nats::Topology::load(1)?).await?;
+    let now = world.handles.js.get_stream(stream).await?.info().await?.clone();
+    assert_eq!((now.config.duplicate_window, now.state.messages), (defined, stored));
+    assert!(stored >= 1, "the verdict is stored");
+
+    let mut shorter = now.config.clone();
+    shorter.duplicate_window = std::time::Duration::from_secs(1);
+    world.handles.js.update_stream(&shorter).await?;
+    let err = flowmesh_nats::Handles::ensure(&world.client, &flowmesh_nats::Topology::load(1)?).await.err();
+    assert!(matches!(&err, Some(flowmesh_nats::EdgeError::Conflict { field: "duplicate_window", .. })), "{err:?}");
+    Ok(())
+}
+
 /// A document that yields a problem per key gets one rejection, bounded in size, listing the
 /// first problems and counting the rest; later submissions are not held up behind it.
 #[tokio::test]

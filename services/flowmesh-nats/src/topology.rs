@@ -210,6 +210,18 @@ async fn ensure_stream(js: &jetstream::Context, config: &stream::Config) -> Resu
                 .map_err(|e| EdgeError::transient(format!("setting discard new on {}", config.name), e))?;
             tracing::info!(stream = %config.name, "discard policy upgraded from old to new");
         }
+        // And an older deployment's longer duplicate window is shortened to the definition's:
+        // the server keeps every id inside the window in memory (the events stream's former
+        // 2 h held gigabytes at a thousand workflows a second), and what arrives again later is
+        // harmless to its readers (ARCHITECTURE, "Duplicate windows"). Nothing stored changes.
+        if have.duplicate_window > config.duplicate_window {
+            let longer = have.duplicate_window;
+            have.duplicate_window = config.duplicate_window;
+            js.update_stream(&have)
+                .await
+                .map_err(|e| EdgeError::transient(format!("shortening the duplicate window of {}", config.name), e))?;
+            tracing::info!(stream = %config.name, from = ?longer, to = ?config.duplicate_window, "duplicate window shortened");
+        }
         return compare_stream(config, &have);
     }
     match js.create_stream(config.clone()).await {

@@ -56,7 +56,7 @@ pub struct Config {
 }
 
 /// A day: the workers bucket's own age limit (its `max_age`), and far past the event log's
-/// duplicate window (2 h), so that the same incarnation heard again after it joins anew.
+/// duplicate window (2 min), so that the same incarnation heard again after it joins anew.
 pub const FORGET_SILENT_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl RouterArgs {
