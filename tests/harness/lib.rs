@@ -71,7 +71,6 @@ pub fn router_config(instance: &str) -> flowmesh_router::Config {
         tick: Duration::from_millis(200),
         checkpoint_dir: None,
         checkpoint_every: Duration::from_secs(10),
-        forget_silent_workers_after: flowmesh_router::FORGET_SILENT_WORKERS_AFTER,
     }
 }
 

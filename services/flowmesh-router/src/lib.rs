@@ -50,14 +50,13 @@ pub struct Config {
     pub checkpoint_dir: Option<std::path::PathBuf>,
     /// How often the checkpoint is written while events flow.
     pub checkpoint_every: Duration,
-    /// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
-    /// remembered once its loss is recorded and it holds nothing (`FORGET_SILENT_WORKERS_AFTER`).
-    pub forget_silent_workers_after: Duration,
 }
 
-/// A day: the workers bucket's own age limit (its `max_age`), and far past the event log's
-/// duplicate window (2 min), so that the same incarnation heard again after it joins anew.
-pub const FORGET_SILENT_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
+/// remembered once its loss is recorded and it holds nothing. A day: the workers bucket's own
+/// age limit (its `max_age`), and far past the event log's duplicate window (2 min), so that the
+/// same incarnation heard again after it joins anew.
+const FORGET_SILENT_WORKERS_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 impl RouterArgs {
     /// The router's configuration; clap has already checked every value.
@@ -75,7 +74,6 @@ impl RouterArgs {
             tick: Duration::from_millis(500),
             checkpoint_dir: self.router_checkpoint_dir.clone(),
             checkpoint_every: Duration::from_secs(10),
-            forget_silent_workers_after: FORGET_SILENT_WORKERS_AFTER,
         }
     }
 }
@@ -422,7 +420,7 @@ impl Router {
         if !self.caught_up() {
             return;
         }
-        let after_ms = self.config.forget_silent_workers_after.as_millis() as u64;
+        let after_ms = FORGET_SILENT_WORKERS_AFTER.as_millis() as u64;
         let Router { fleet, state, live, contact_since_ms, .. } = &*self;
         let mut gone: BTreeSet<String> = fleet
             .iter()

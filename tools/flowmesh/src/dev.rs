@@ -106,7 +106,6 @@ impl Stack {
             // With --data, a restarted dev stack resumes the router's fold from here.
             checkpoint_dir: Some(data_dir.join("router-checkpoint")),
             checkpoint_every: Duration::from_secs(10),
-            forget_silent_workers_after: flowmesh_router::FORGET_SILENT_WORKERS_AFTER,
         };
         services.spawn(async move { ("router".to_owned(), flowmesh_router::run(router, client, h, stop).await) });
 
