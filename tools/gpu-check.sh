@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On a machine with a real NVIDIA GPU: prints what the worker's probe finds (NVML and the ML
-# runners), then runs a two-stage workflow on that GPU end to end through a local stack: a LoRA
-# fine-tune (TRL) of a tiny random-weight Llama that `flowmesh_runners.tiny` builds, then inference
-# with the adapter it produced, each stage asking for one GPU; the worker is a plain `flowmesh
-# worker` with nothing simulated. Writes what it saw into OUT_DIR (default ./gpu-check): the probe,
-# nvidia-smi's list of compute processes sampled while the tasks ran, each task's results.json and
-# the logs. Needs `flowmesh` and `nats-server` on PATH and the runners importable by python3
+# runners), then runs a workflow on that GPU end to end through a local stack: a LoRA fine-tune
+# (TRL) of a tiny random-weight Llama that `flowmesh_runners.tiny` builds, then inference with the
+# adapter it produced, and beside them a retrieval with a tiny sentence-transformers embedder,
+# each stage asking for one GPU; the worker is a plain `flowmesh worker` with nothing simulated.
+# Writes what it saw into OUT_DIR (default ./gpu-check): the probe, nvidia-smi's list of compute
+# processes sampled while the tasks ran, each task's results.json and the logs. Needs `flowmesh` and `nats-server` on PATH and the runners importable by python3
 # (PYTHONPATH=services/flowmesh-runners will do). Exit status 0 only when the workflow completed
-# and both results say they ran on cuda.
+# and every stage's result says it ran on cuda.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-gpu-check}" && cd "${1:-gpu-check}" && pwd)
@@ -49,8 +49,6 @@ kind: Workflow
 metadata:
   name: gpu-sft-then-inference
 spec:
-  model:
-    source: {type: huggingface, identifier: meta-llama/Llama-3.2-1B-Instruct}
   resources:
     hardware:
       cpu: 1
@@ -59,6 +57,8 @@ spec:
     - name: train
       spec:
         taskType: lora_sft
+        model:
+          source: {type: huggingface, identifier: meta-llama/Llama-3.2-1B-Instruct}
         lora: {r: 4, alpha: 8, target_modules: [q_proj, v_proj]}
         data:
           samples:
@@ -71,10 +71,21 @@ spec:
       dependsOn: [train]
       spec:
         taskType: inference
+        model:
+          source: {type: huggingface, identifier: meta-llama/Llama-3.2-1B-Instruct}
         checkpoint:
           load: {type: local, path: "${train.final_model_archive}"}
         data: {type: list, items: ["why write tests ?"]}
         inference: {max_tokens: 5, min_tokens: 5}
+    - name: search
+      spec:
+        taskType: rag
+        embedding: {model: sentence-transformers/all-MiniLM-L6-v2}
+        data:
+          type: list
+          items: ["which gpu ran this ?"]
+          documents: ["the worker probes its gpus through nvml", "tests catch regressions early"]
+        search: {top_k: 1}
 YAML
 
 nvidia-smi --query-compute-apps=timestamp,pid,process_name,used_memory --format=csv -lms 250 \
@@ -88,7 +99,7 @@ set -e
 echo "workflow: exit $code after $(( $(date +%s) - start ))s"
 flowmesh task list | tee "$out/tasks.txt"
 ok=$code
-for stage in train infer; do
+for stage in train infer search; do
   task=$(grep -oE "wf-[0-9]+-$stage" "$out/tasks.txt" | head -1)
   [ -n "$task" ] || { echo "no task for stage $stage"; ok=1; continue; }
   flowmesh result fetch "$task" --out "./$stage" >/dev/null

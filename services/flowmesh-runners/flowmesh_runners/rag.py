@@ -40,8 +40,8 @@ def run(task: Task) -> dict[str, Any]:
             for text, vec in zip(queries, vectors):
                 fh.write(json.dumps({"input": text, "embedding": [float(x) for x in vec]}) + "\n")
         progress(kind="embedding", items=len(queries), seconds=round(time.monotonic() - started, 3))
-        return {"ok": True, "model": path, "count": len(queries), "dimensions": int(vectors.shape[1]),
-                "embeddings_file": "embeddings.jsonl"}
+        return {"ok": True, "model": path, "device": str(model.device), "count": len(queries),
+                "dimensions": int(vectors.shape[1]), "embeddings_file": "embeddings.jsonl"}
     docs = documents(task.spec)
     if not docs:
         raise SpecError("a rag task here retrieves over documents given in the spec (data.documents: [...]); none given, and external stores (qdrant) are not contacted")
@@ -53,4 +53,4 @@ def run(task: Task) -> dict[str, Any]:
         best = sorted(range(len(docs)), key=lambda i: -float(row[i]))[:top_k]
         items.append({"input": text, "hits": [{"document": docs[i], "index": i, "score": round(float(row[i]), 6)} for i in best]})
     progress(kind="rag", items=len(queries), documents=len(docs), seconds=round(time.monotonic() - started, 3))
-    return {"ok": True, "model": path, "items": items, "documents": len(docs)}
+    return {"ok": True, "model": path, "device": str(model.device), "items": items, "documents": len(docs)}

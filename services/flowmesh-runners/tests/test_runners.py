@@ -66,6 +66,9 @@ def test_inference_generates_text_and_counts_tokens(task_env):
 @pytest.mark.parametrize("task_type,saved", [("lora_sft", "final_lora"), ("sft", "final_model")])
 def test_two_sft_steps_report_loss_and_save_the_model(task_env, task_type, saved):
     folder = task_env(task_type, {
+        # On the CPU on any machine, so the device it reports is known (tools/gpu-check.sh
+        # checks a GPU's).
+        "enforce_cpu": True,
         "model": {"source": {"identifier": "meta-llama/Llama-3.2-1B-Instruct"}},
         "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
         "data": {"samples": SAMPLES},
@@ -132,13 +135,14 @@ def test_model_map_and_upstream_names_resolve(tiny, monkeypatch, tmp_path):
 def test_rag_ranks_the_spec_documents_for_each_query(task_env):
     docs = ["tests catch regressions early", "use short descriptive names", "the worker runs the task"]
     folder = task_env("rag", {
+        "enforce_cpu": True,
         "embedding": {"model": "sentence-transformers/all-MiniLM-L6-v2"},
         "search": {"top_k": 2},
         "data": {"items": ["tests catch regressions early"], "documents": docs},
     })
     result = run("sentence-transformers", folder)
     hits = result["items"][0]["hits"]
-    assert len(hits) == 2
+    assert len(hits) == 2 and result["device"] == "cpu"
     assert hits[0]["document"] == docs[0], "an identical document ranks first"
     assert hits[0]["score"] >= hits[1]["score"]
 
