@@ -121,6 +121,9 @@ struct Router {
     leader: bool,
     /// Work orders re-sent after taking the lease (a dispatch a crash may have cut short).
     resent_after_takeover: bool,
+    /// Read since taking the lease: which workers holding dispatched tasks left cleanly while
+    /// this router could not see it (`read_departures`).
+    departures_read: bool,
     /// What a round remembers for the next (`schedule::decide_with`): waiting tasks' placement
     /// requests, and the workflows touched since.
     requests: schedule::Requests,
@@ -179,6 +182,7 @@ pub async fn run(
         target_seq: last,
         leader: false,
         resent_after_takeover: false,
+        departures_read: false,
         requests: schedule::Requests::default(),
         last_whole: (tokio::time::Instant::now(), Duration::ZERO),
         lease_seen: None,
@@ -191,15 +195,8 @@ pub async fn run(
     let created: Vec<u64> = current.iter().map(|e| clock::unix_ms(e.created)).collect();
     let freshest = created.iter().copied().max().unwrap_or(0);
     let now = clock::now_ms();
-    let with_snapshot: BTreeSet<String> = current.iter().map(|e| e.key.clone()).collect();
     for (entry, created) in current.into_iter().zip(created) {
         router.observe(entry, received_before_start(created, freshest, now));
-    }
-    // Workers that left cleanly before this router ran are known as such from its first round:
-    // what they held and never started was handed back, not lost (`FleetIndex::depart`).
-    match departed_before_start(&router.handles.workers, &with_snapshot).await {
-        Ok(departed) => departed.iter().for_each(|id| router.live.depart(id)),
-        Err(e) => warn!(error = %e, "could not read which workers left before this router started"),
     }
     info!(instance = %router.config.instance, from = router.state.last_seq, replay_to = last, workers = router.fleet.len(), "router starting");
     let mut last_checkpoint = tokio::time::Instant::now();
@@ -311,23 +308,6 @@ pub async fn run(
     }
     info!("router stopped");
     Ok(())
-}
-
-/// The workers whose last entry in the bucket is a delete (a clean stop), among the keys with no
-/// snapshot now (not in `with_snapshot`). A deleted key's marker stays in the bucket's stream
-/// until the bucket's age limit removes it.
-async fn departed_before_start(workers: &kv::Store, with_snapshot: &BTreeSet<String>) -> anyhow::Result<Vec<String>> {
-    let mut subjects = workers.stream.info_with_subjects(format!("{}>", workers.prefix)).await?;
-    let mut departed = Vec::new();
-    while let Some(subject) = subjects.next().await {
-        let (subject, _) = subject?;
-        let Some(key) = subject.strip_prefix(&workers.prefix).filter(|k| !with_snapshot.contains(*k)) else { continue };
-        let entry = workers.entry(key).await?;
-        if entry.is_some_and(|e| matches!(e.operation, kv::Operation::Delete | kv::Operation::Purge)) {
-            departed.push(key.to_owned());
-        }
-    }
-    Ok(departed)
 }
 
 /// The checkpoint back from its write off the loop; `None` (no more checkpoints, the log is
@@ -459,6 +439,34 @@ impl Router {
         }
     }
 
+    /// Workers that left cleanly while this router could not see it (before it ran, or while it
+    /// stood by) are known as such before its first decision: what they held and never started
+    /// was handed back, not lost (`FleetIndex::depart`). Only the workers that tasks were
+    /// dispatched to and that have no snapshot here are asked about, one read of the bucket each:
+    /// bounded by the work in flight, not by every worker that ever left.
+    async fn read_departures(&mut self) -> Result<(), EdgeError> {
+        let unseen: BTreeSet<String> = self
+            .state
+            .running_workflows()
+            .flat_map(|wf| wf.tasks.iter())
+            .filter(|t| t.status == TaskStatus::Dispatched)
+            .filter_map(|t| t.worker_id.clone())
+            .filter(|id| !self.fleet.contains_key(id))
+            .collect();
+        for id in unseen {
+            let entry = self
+                .handles
+                .workers
+                .entry(&id)
+                .await
+                .map_err(|e| EdgeError::transient(format!("reading worker {id}'s snapshot"), e))?;
+            if entry.is_some_and(|e| matches!(e.operation, kv::Operation::Delete | kv::Operation::Purge)) {
+                self.live.depart(&id);
+            }
+        }
+        Ok(())
+    }
+
     /// Every worker id the router remembers: a snapshot, a clean departure, an incarnation in
     /// the fold. Live workers and those not yet gone for good (`forget_gone_workers`).
     fn known_workers(&self) -> usize {
@@ -524,6 +532,7 @@ impl Router {
                 info!(instance = %self.config.instance, "took the router lease");
                 self.leader = true;
                 self.resent_after_takeover = false;
+                self.departures_read = false;
             }
             Ok(false) if self.leader => {
                 warn!(instance = %self.config.instance, "lost the router lease; standing by");
@@ -582,6 +591,11 @@ impl Router {
     async fn act(&mut self) -> Result<(), EdgeError> {
         if !self.leader || !self.caught_up() {
             return Ok(());
+        }
+        if !self.departures_read {
+            // Nothing is decided until then: a task handed back unrun would be taken for lost.
+            self.read_departures().await?;
+            self.departures_read = true;
         }
         let now = clock::now_ms();
         // Fleet changes first: they change what the scheduler may do. Every worker is looked at
