@@ -91,6 +91,7 @@ async fn metrics_count_verdicts_dispatches_and_tasks() -> anyhow::Result<()> {
             && validator.contains("flowmesh_verdicts_total{verdict=\"rejected\"} 1")
             && router.contains("flowmesh_dispatches_total 1")
             && router.contains("flowmesh_router_leader 1")
+            && router.contains("flowmesh_known_workers 1")
             && worker.contains("flowmesh_tasks_total{task_type=\"echo\",outcome=\"completed\"} 1");
         if ok {
             assert!(validator.contains("flowmesh_validation_seconds"), "{validator}");

@@ -491,6 +491,8 @@ impl Router {
         metrics::gauge!("flowmesh_tasks_pending").set(pending as f64);
         metrics::gauge!("flowmesh_workflows_running").set(running as f64);
         metrics::gauge!("flowmesh_live_workers").set(live as f64);
+        let known = self.known_workers();
+        metrics::gauge!("flowmesh_known_workers").set(known as f64);
         serde_json::json!({
             "instance": self.config.instance,
             "leader": self.leader,
@@ -499,7 +501,7 @@ impl Router {
             "workflows": self.state.decided_workflows(),
             "running_workflows": running,
             "live_workers": live,
-            "known_workers": self.known_workers(),
+            "known_workers": known,
             "unreadable_events": self.unreadable,
         })
     }
