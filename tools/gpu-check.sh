@@ -9,18 +9,10 @@
 # (PYTHONPATH=services/flowmesh-runners will do). Exit status 0 only when the workflow completed
 # and every stage's result says it ran on cuda.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)
 out=$(mkdir -p "${1:-gpu-check}" && cd "${1:-gpu-check}" && pwd)
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  cp "$work"/*.log "$out"/ 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-cd "$work"
+source "$(dirname "$0")/scratch.sh"
+scratch_start gpu-check
+cd "$dir"
 
 nvidia-smi -L | tee "$out/nvidia-smi.txt"
 # The probe as the worker runs it at start (no cached runner answers).
@@ -32,15 +24,16 @@ print(json.dumps({k: hw[k] for k in hw if k != "executors"}, indent=1)[:2000])
 print("executors:", json.dumps(hw.get("executors"))[:1500])
 PY
 
-python3 -m flowmesh_runners.tiny ./tiny >/dev/null 2>tiny.log
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 -m flowmesh_runners.tiny ./tiny >/dev/null 2>"$out/tiny.log"
+port=$(free_port)
 export NATS_URL="nats://127.0.0.1:$port"
-flowmesh dev --data ./data --workers 0 --no-worker-grace-sec 60 --port "$port" >dev.log 2>&1 &
+flowmesh dev --data ./data --workers 0 --no-worker-grace-sec 60 --port "$port" >"$out/dev.log" 2>&1 &
 pids+=($!)
-FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP="$work/tiny/models.json" HF_HUB_OFFLINE=1 WORKER_ID=gpu-real \
-  flowmesh worker >worker.log 2>&1 &
+FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP="$dir/tiny/models.json" HF_HUB_OFFLINE=1 WORKER_ID=gpu-real \
+  flowmesh worker >"$out/worker.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1500); do flowmesh worker info gpu-real 2>/dev/null | grep -q '"trl"' && break; sleep 0.2; done
+# The runners answer in the background, after importing torch: wait until trl is listed.
+wait_sec=300 wait_until "the worker's runners" bash -c "flowmesh worker info gpu-real | grep -q '\"trl\"'"
 flowmesh worker list | tee "$out/workers.txt"
 
 cat >gpu.yaml <<'YAML'

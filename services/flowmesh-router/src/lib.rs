@@ -401,29 +401,24 @@ impl Router {
             return;
         }
         let after_ms = FORGET_SILENT_WORKERS_AFTER.as_millis() as u64;
-        let Router { fleet, state, live, contact_since_ms, .. } = &*self;
-        let mut gone: BTreeSet<String> = fleet
-            .iter()
-            .filter(|(id, seen)| {
-                let incarnation = &seen.snapshot.started_at;
-                let settled = state.joined_workers.get(*id) != Some(incarnation)
-                    || state.lost_workers.get(*id) == Some(incarnation);
-                // Silence counts from the last contact regained, as liveness does.
-                let silent_ms = now_ms.saturating_sub(seen.updated_ms.max(*contact_since_ms));
-                gone_for_good(seen.is_live(now_ms, *contact_since_ms), seen.left, settled, silent_ms, after_ms)
+        let (state, contact_since_ms) = (&self.state, self.contact_since_ms);
+        let gone: Vec<String> = self
+            .remembered_workers()
+            .into_iter()
+            .filter(|id| match self.fleet.get(*id) {
+                Some(seen) => {
+                    let incarnation = &seen.snapshot.started_at;
+                    let settled = state.joined_workers.get(*id) != Some(incarnation)
+                        || state.lost_workers.get(*id) == Some(incarnation);
+                    // Silence counts from the last contact regained, as liveness does.
+                    let silent_ms = now_ms.saturating_sub(seen.updated_ms.max(contact_since_ms));
+                    gone_for_good(seen.is_live(now_ms, contact_since_ms), seen.left, settled, silent_ms, after_ms)
+                }
+                // Known without a snapshot: its entry left the bucket before this router saw it.
+                None => true,
             })
-            .map(|(id, _)| id.clone())
+            .cloned()
             .collect();
-        // Ids known without a snapshot: their entry left the bucket before this router saw it.
-        gone.extend(
-            state
-                .joined_workers
-                .keys()
-                .chain(state.lost_workers.keys())
-                .chain(live.departed_ids())
-                .filter(|id| !fleet.contains_key(*id))
-                .cloned(),
-        );
         if gone.is_empty() {
             return;
         }
@@ -441,17 +436,16 @@ impl Router {
 
     /// Workers that left cleanly while this router could not see it (before it ran, or while it
     /// stood by) are known as such before its first decision: what they held and never started
-    /// was handed back, not lost (`FleetIndex::depart`). Only the workers that tasks were
-    /// dispatched to and that have no snapshot here are asked about, one read of the bucket each:
+    /// was handed back, not lost (`FleetIndex::depart`). Only the workers that tasks are on and
+    /// that have no snapshot here are asked about, one read of the bucket each:
     /// bounded by the work in flight, not by every worker that ever left.
     async fn read_departures(&mut self) -> Result<(), EdgeError> {
-        let unseen: BTreeSet<String> = self
+        let unseen: Vec<String> = self
             .state
-            .running_workflows()
-            .flat_map(|wf| wf.tasks.iter())
-            .filter(|t| t.status == TaskStatus::Dispatched)
-            .filter_map(|t| t.worker_id.clone())
-            .filter(|id| !self.fleet.contains_key(id))
+            .workers_holding_tasks()
+            .into_iter()
+            .filter(|id| !self.fleet.contains_key(*id))
+            .map(str::to_owned)
             .collect();
         for id in unseen {
             let entry = self
@@ -469,11 +463,11 @@ impl Router {
 
     /// Every worker id the router remembers: a snapshot, a clean departure, an incarnation in
     /// the fold. Live workers and those not yet gone for good (`forget_gone_workers`).
-    fn known_workers(&self) -> usize {
+    fn remembered_workers(&self) -> BTreeSet<&String> {
         let mut ids: BTreeSet<&String> = self.fleet.keys().collect();
         ids.extend(self.state.joined_workers.keys().chain(self.state.lost_workers.keys()));
         ids.extend(self.live.departed_ids());
-        ids.len()
+        ids
     }
 
     /// What `flowmesh.router.status` answers (the gauges follow it).
@@ -491,7 +485,7 @@ impl Router {
         metrics::gauge!("flowmesh_tasks_pending").set(pending as f64);
         metrics::gauge!("flowmesh_workflows_running").set(running as f64);
         metrics::gauge!("flowmesh_live_workers").set(live as f64);
-        let known = self.known_workers();
+        let known = self.remembered_workers().len();
         metrics::gauge!("flowmesh_known_workers").set(known as f64);
         serde_json::json!({
             "instance": self.config.instance,
