@@ -71,6 +71,7 @@ pub fn router_config(instance: &str) -> flowmesh_router::Config {
         tick: Duration::from_millis(200),
         checkpoint_dir: None,
         checkpoint_every: Duration::from_secs(10),
+        keep_ended: None,
     }
 }
 
@@ -150,9 +151,14 @@ impl World {
     }
 
     pub async fn router(&mut self, name: &str) -> anyhow::Result<()> {
-        let (client, handles) = open(&self.url(), name).await?;
-        let config = router_config(name);
-        self.spawn(name, |stop| tokio::spawn(flowmesh_router::run(config, client, handles, stop)));
+        self.router_with(router_config(name)).await
+    }
+
+    /// A router with its own configuration, named after its instance.
+    pub async fn router_with(&mut self, config: flowmesh_router::Config) -> anyhow::Result<()> {
+        let name = config.instance.clone();
+        let (client, handles) = open(&self.url(), &name).await?;
+        self.spawn(&name, |stop| tokio::spawn(flowmesh_router::run(config, client, handles, stop)));
         Ok(())
     }
 
@@ -291,7 +297,18 @@ impl World {
     ) -> anyhow::Result<serde_json::Value> {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         loop {
-            let reply = self.client.request(subjects::status(scope), "".into()).await?;
+            let reply = match self.client.request(subjects::status(scope), "".into()).await {
+                Ok(reply) => reply,
+                // A service just started may not serve its status yet.
+                Err(e)
+                    if e.kind() == async_nats::RequestErrorKind::NoResponders
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let status: serde_json::Value = serde_json::from_slice(&reply.payload)?;
             if done(&status) || tokio::time::Instant::now() > deadline {
                 return Ok(status);

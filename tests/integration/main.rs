@@ -15,6 +15,7 @@ mod ml;
 mod n8n;
 mod observability;
 mod permissions;
+mod retention;
 mod router;
 mod security;
 mod serve;

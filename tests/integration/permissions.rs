@@ -58,6 +58,7 @@ enum Action {
     WriteDispatch,
     WriteRequeue,
     EndWorkflow,
+    WritePurgeRecord,
     ReportAsOwn,
     ReportAsOther,
     SendWork,
@@ -103,6 +104,8 @@ const MATRIX: &[(Action, &[&str])] = &[
     (WriteDispatch, &["router", "admin"]),
     (WriteRequeue, &["router", "admin"]),
     (EndWorkflow, &["router", "admin"]),
+    // Routers drop every workflow a purge record lists, running or not.
+    (WritePurgeRecord, &["router", "admin"]),
     // The router completes a merged task in its leader's worker's name (ARCHITECTURE.md).
     (ReportAsOwn, &["worker", "worker-own", "router", "admin"]),
     (ReportAsOther, &["worker", "router", "admin"]),
@@ -131,7 +134,8 @@ const MATRIX: &[(Action, &[&str])] = &[
     (FetchFromOthersStore, &["submitter", "alice", "worker", "worker-own", "admin"]),
     (PurgeArtifacts, &["admin"]),
     (PurgeOwnStore, &["worker-own", "admin"]),
-    (PurgeLog, &["admin"]),
+    // Retention: the router purges the events of workflows that ended long enough ago.
+    (PurgeLog, &["router", "admin"]),
     (DeleteLogMessage, &["admin"]),
     (DeleteConsumer, &["admin"]),
     (CreateStream, &["admin"]),
@@ -179,6 +183,7 @@ impl Action {
             WriteDispatch => "task.dispatched.own",
             WriteRequeue => "task.requeued",
             EndWorkflow => "workflow.completed",
+            WritePurgeRecord => "workflows.purged",
             ReportAsOwn => "task.completed.own",
             ReportAsOther => "task.completed.other",
             SendWork => "flowmesh.work.own",
@@ -225,6 +230,7 @@ impl Action {
             WriteDispatch => store(&me.js, event("wf-1-main.task.dispatched.own"), b"{}").await,
             WriteRequeue => store(&me.js, event("wf-1-main.task.requeued"), b"{}").await,
             EndWorkflow => store(&me.js, event("_.workflow.completed"), b"{}").await,
+            WritePurgeRecord => store(&me.js, subjects::purge_records(), b"{}").await,
             ReportAsOwn => store(&me.js, event("wf-1-main.task.completed.own"), b"{}").await,
             ReportAsOther => store(&me.js, event("wf-1-main.task.completed.other"), b"{}").await,
             SendWork => store(&me.js, subjects::work("own"), b"{}").await,

@@ -310,6 +310,15 @@ pub struct WorkerPrewarm {
     pub model: String,
 }
 
+/// The router removed these workflows' events from the log (retention: ended longer ago than the
+/// kept period). It lists every workflow purged so far, not only the latest batch, and is
+/// stored before the batch is purged: a reader that took part of a purged workflow's events
+/// learns from the next one it reads to drop it, and the latest alone is enough to hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowsPurged {
+    pub workflows: crate::ids::WorkflowIds,
+}
+
 /// Declares `EventBody` from one list of `"tag" => Variant(Body)`: the serde tag and `kind()`
 /// are the same literal, so they cannot disagree.
 macro_rules! event_bodies {
@@ -366,6 +375,7 @@ event_bodies! {
     /// An operator asked the worker to drain: no new work; what runs finishes. Uncordoning ends it.
     "worker.drain_requested" => WorkerDrainRequested(WorkerCordon),
     "worker.prewarm_requested" => WorkerPrewarmRequested(WorkerPrewarm),
+    "workflows.purged" => WorkflowsPurged(WorkflowsPurged),
 }
 
 /// The subject token used when an event has no workflow (fleet events) or no task.
@@ -398,7 +408,8 @@ impl EventBody {
             | EventBody::WorkerCordoned(_)
             | EventBody::WorkerUncordoned(_)
             | EventBody::WorkerDrainRequested(_)
-            | EventBody::WorkerPrewarmRequested(_) => None,
+            | EventBody::WorkerPrewarmRequested(_)
+            | EventBody::WorkflowsPurged(_) => None,
         }
     }
 
@@ -463,6 +474,8 @@ impl EventBody {
             EventBody::WorkerPrewarmRequested(e) => {
                 format!("worker.{}.prewarm.{}.{sequence_hint}", e.worker_id, e.model)
             }
+            // The set only grows, so its size names it: a retry of the same record is the same id.
+            EventBody::WorkflowsPurged(e) => format!("purged.{}", e.workflows.len()),
         }
     }
 
@@ -492,7 +505,8 @@ impl EventBody {
             | EventBody::WorkerUncordoned(_)
             | EventBody::TaskMerged(_)
             | EventBody::WorkerDrainRequested(_)
-            | EventBody::WorkerPrewarmRequested(_) => None,
+            | EventBody::WorkerPrewarmRequested(_)
+            | EventBody::WorkflowsPurged(_) => None,
         }
     }
 

@@ -64,7 +64,43 @@ impl WorkflowIds {
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty() && self.others.is_empty()
+    }
+
+    /// Every id, ranges first (in order of sequence), then the others by name.
+    pub fn iter(&self) -> impl Iterator<Item = String> + '_ {
+        let in_ranges = self.ranges.iter().flat_map(|(&first, &last)| (first..=last).map(workflow_id));
+        in_ranges.chain(self.others.iter().cloned())
+    }
+
+    /// Adds every id of `other`.
+    pub fn extend(&mut self, other: &WorkflowIds) {
+        for (&first, &last) in &other.ranges {
+            self.insert_range(first, last);
+        }
+        self.others.extend(other.others.iter().cloned());
+    }
+
+    /// Removes every id of `other`: a range cut by one of `other`'s keeps what lies outside it.
+    pub fn remove_all(&mut self, other: &WorkflowIds) {
+        for (&first, &last) in &other.ranges {
+            let cut: Vec<(u64, u64)> =
+                self.ranges.range(..=last).rev().take_while(|&(_, &end)| end >= first).map(|(&a, &b)| (a, b)).collect();
+            for (a, b) in cut {
+                self.ranges.remove(&a);
+                if a < first {
+                    self.ranges.insert(a, first - 1);
+                }
+                if b > last {
+                    self.ranges.insert(last + 1, b);
+                }
+            }
+        }
+        self.others.retain(|id| !other.others.contains(id));
+    }
+
+    pub fn len(&self) -> usize {
         let in_ranges: u64 = self.ranges.iter().map(|(first, last)| last - first + 1).sum();
         in_ranges as usize + self.others.len()
     }
@@ -174,6 +210,44 @@ mod tests {
         let read: WorkflowIds = serde_json::from_value(listed).unwrap();
         assert!(read.contains("wf-2") && read.contains("job-1") && read.ranges.len() == 1);
         assert!(serde_json::from_value::<WorkflowIds>(serde_json::json!({"ranges": [[3, 2]], "others": []})).is_err());
+    }
+
+    #[test]
+    fn workflow_ids_are_joined_and_cut_as_ranges() {
+        let set = |seqs: &[u64], others: &[&str]| {
+            let mut s = WorkflowIds::default();
+            seqs.iter().for_each(|&q| s.insert(&workflow_id(q)));
+            others.iter().for_each(|&o| s.insert(o));
+            s
+        };
+        let ranges = |s: &WorkflowIds| s.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>();
+        /// Held, removed, what stays.
+        type Row = (&'static [u64], &'static [u64], &'static [(u64, u64)]);
+        let table: &[Row] = &[
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &[4, 5, 6], &[(1, 3), (7, 10)]),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &[]),
+            (&[1, 2, 3, 7, 8, 9], &[3, 4, 5, 6, 7], &[(1, 2), (8, 9)]),
+            (&[1, 2, 3, 7, 8, 9], &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], &[]),
+            (&[5, 6], &[1, 2, 9], &[(5, 6)]),
+            (&[1, 3, 5, 7], &[1, 2, 3, 4, 5, 6], &[(7, 7)]),
+            (&[], &[1], &[]),
+        ];
+        for &(held, removed, stays) in table {
+            let mut s = set(held, &["job-1", "job-2"]);
+            s.remove_all(&set(removed, &["job-2", "job-3"]));
+            assert_eq!(ranges(&s), stays, "{held:?} without {removed:?}");
+            assert_eq!(s.others.iter().collect::<Vec<_>>(), ["job-1"]);
+            let kept: Vec<String> = held.iter().filter(|q| !removed.contains(q)).map(|&q| workflow_id(q)).collect();
+            assert_eq!(s.iter().filter(|id| id.starts_with("wf-")).collect::<Vec<_>>(), kept);
+        }
+        let mut joined = set(&[1, 2, 9], &["job-1"]);
+        joined.extend(&set(&[3, 4, 8], &["job-2"]));
+        assert_eq!(ranges(&joined), [(1, 4), (8, 9)]);
+        assert_eq!(
+            joined.iter().collect::<Vec<_>>(),
+            ["wf-1", "wf-2", "wf-3", "wf-4", "wf-8", "wf-9", "job-1", "job-2"]
+        );
+        assert!(!joined.is_empty() && WorkflowIds::default().is_empty());
     }
 
     #[test]

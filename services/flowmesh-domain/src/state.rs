@@ -167,6 +167,13 @@ pub enum Applied {
     Ignored(&'static str),
 }
 
+/// The workflows that ended in one minute, and when the last of them did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+struct EndedIn {
+    last_ms: u64,
+    ids: crate::ids::WorkflowIds,
+}
+
 /// The whole fold.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct State {
@@ -201,6 +208,16 @@ pub struct State {
     /// one is still ignored. Ranges of submission sequences, so it does not grow with history.
     #[serde(default)]
     forgotten: crate::ids::WorkflowIds,
+    /// Workflows (and rejections) whose events the log still holds, by the minute they ended:
+    /// what retention purges once the minute's last end is older than the kept period
+    /// ([`State::due_for_purge`]). Ranges, so it grows with the kept period's minutes, not with
+    /// the workflows in them.
+    #[serde(default)]
+    unpurged: BTreeMap<u64, EndedIn>,
+    /// Every workflow whose events were purged (`workflows.purged`, the latest of which lists
+    /// them all).
+    #[serde(default)]
+    purged: crate::ids::WorkflowIds,
 }
 
 impl State {
@@ -240,8 +257,12 @@ impl State {
     pub fn apply_deriving(&mut self, event: &Event) -> (Applied, Option<Event>) {
         let applied = self.apply_stored(event);
         let derived = match &event.body {
-            EventBody::TaskCompleted(e) if applied == Applied::Changed => self.complete_if_done(&e.task.workflow_id),
-            EventBody::TaskSkipped(e) if applied == Applied::Changed => self.complete_if_done(&e.task.workflow_id),
+            EventBody::TaskCompleted(e) if applied == Applied::Changed => {
+                self.complete_if_done(&e.task.workflow_id, &event.time)
+            }
+            EventBody::TaskSkipped(e) if applied == Applied::Changed => {
+                self.complete_if_done(&e.task.workflow_id, &event.time)
+            }
             _ => None,
         };
         let derived = derived.map(|ended| Event::new(EventBody::WorkflowCompleted(ended), event.time.clone(), 0));
@@ -253,7 +274,7 @@ impl State {
     /// of any other workflow: failed, cancelled, or with a merged task, whose completion a fold
     /// can only believe with the shared execution's workflow in view (a reader of one workflow's
     /// subjects has not).
-    fn complete_if_done(&mut self, workflow_id: &str) -> Option<crate::event::WorkflowEnded> {
+    fn complete_if_done(&mut self, workflow_id: &str, time: &str) -> Option<crate::event::WorkflowEnded> {
         let wf = Arc::make_mut(self.workflows.get_mut(workflow_id)?);
         let done = wf
             .tasks
@@ -265,6 +286,7 @@ impl State {
         wf.status = WorkflowStatus::Completed;
         self.running.remove(&wf.seq);
         self.ended.push(workflow_id.to_owned());
+        self.ended_at(workflow_id, time);
         Some(crate::event::WorkflowEnded { workflow_id: workflow_id.to_owned(), reason: None })
     }
 
@@ -297,6 +319,7 @@ impl State {
                 }
                 let rejection = Rejection { workflow_id: e.workflow_id.clone(), errors: e.errors.clone() };
                 self.rejected.insert(e.workflow_id.clone(), rejection);
+                self.ended_at(&e.workflow_id, &event.time);
                 Applied::Changed
             }
             EventBody::TaskPending(e) => self.update_task(&e.task, |t| {
@@ -420,9 +443,9 @@ impl State {
                 t.reason = Some(e.reason.clone());
                 Applied::Changed
             }),
-            EventBody::WorkflowCompleted(e) => self.end_workflow(e, WorkflowStatus::Completed),
-            EventBody::WorkflowFailed(e) => self.end_workflow(e, WorkflowStatus::Failed),
-            EventBody::WorkflowCancelled(e) => self.end_workflow(e, WorkflowStatus::Cancelled),
+            EventBody::WorkflowCompleted(e) => self.end_workflow(e, WorkflowStatus::Completed, &event.time),
+            EventBody::WorkflowFailed(e) => self.end_workflow(e, WorkflowStatus::Failed, &event.time),
+            EventBody::WorkflowCancelled(e) => self.end_workflow(e, WorkflowStatus::Cancelled, &event.time),
             EventBody::WorkerJoined(e) => {
                 self.joined_workers.insert(e.worker_id.clone(), e.started_at.clone());
                 Applied::Changed
@@ -452,7 +475,68 @@ impl State {
                 self.draining.insert(e.worker_id.clone());
                 Applied::Changed
             }
+            EventBody::WorkflowsPurged(e) => self.purge(&e.workflows),
         }
+    }
+
+    /// Takes in a `workflows.purged`: what it lists is gone from the log, so the fold drops it
+    /// too, even a workflow it holds as running (this reader took the first part of its events
+    /// before the purge removed the rest), and ignores whatever of it still comes.
+    fn purge(&mut self, workflows: &crate::ids::WorkflowIds) -> Applied {
+        let held: Vec<String> =
+            self.workflows.keys().chain(self.rejected.keys()).filter(|id| workflows.contains(id)).cloned().collect();
+        for id in &held {
+            self.rejected.remove(id);
+            if let Some(wf) = self.workflows.remove(id) {
+                self.running.remove(&wf.seq);
+                for t in &wf.tasks {
+                    self.task_index.remove(&t.def.task_id);
+                }
+            }
+        }
+        self.ended.retain(|id| !workflows.contains(id));
+        self.unpurged.retain(|_, ended| {
+            ended.ids.remove_all(workflows);
+            !ended.ids.is_empty()
+        });
+        self.forgotten.extend(workflows);
+        self.purged.extend(workflows);
+        Applied::Changed
+    }
+
+    /// Notes when a workflow (or a rejection) ended, for retention: its end event's time, on
+    /// its writer's clock (an unreadable one counts as long ago).
+    fn ended_at(&mut self, workflow_id: &str, time: &str) {
+        let ms = crate::trace::unix_ms(time).unwrap_or(0);
+        let ended = self.unpurged.entry(ms / 60_000).or_default();
+        ended.last_ms = ended.last_ms.max(ms);
+        ended.ids.insert(workflow_id);
+    }
+
+    /// Up to `limit` workflows whose events may be purged now: ended (or rejected) in a minute
+    /// whose last end lies before `ended_before_ms`, already dropped from the fold
+    /// (`forget_ended`), and holding no execution that a task of a running workflow took its
+    /// result from (a fold believes that result only with the shared execution's workflow in
+    /// view).
+    pub fn due_for_purge(&self, ended_before_ms: u64, limit: usize) -> Vec<String> {
+        let sharing: BTreeSet<&str> = self
+            .running_workflows()
+            .flat_map(|wf| wf.tasks.iter())
+            .filter_map(|t| crate::ids::workflow_of_task(t.merged_into.as_deref()?))
+            .collect();
+        let held = |id: &str| self.workflows.contains_key(id) || self.rejected.contains_key(id) || sharing.contains(id);
+        self.unpurged
+            .values()
+            .take_while(|ended| ended.last_ms < ended_before_ms)
+            .flat_map(|ended| ended.ids.iter())
+            .filter(|id| !held(id) && !self.purged.contains(id))
+            .take(limit)
+            .collect()
+    }
+
+    /// Every workflow purged so far: what the next `workflows.purged` adds its batch to.
+    pub fn purged(&self) -> &crate::ids::WorkflowIds {
+        &self.purged
     }
 
     fn insert_workflow(&mut self, workflow: &Workflow, seq: u64, time: &str) {
@@ -541,7 +625,7 @@ impl State {
         })
     }
 
-    fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus) -> Applied {
+    fn end_workflow(&mut self, e: &crate::event::WorkflowEnded, status: WorkflowStatus, time: &str) -> Applied {
         let Some(wf) = self.workflows.get_mut(&e.workflow_id).map(Arc::make_mut) else {
             return Applied::Ignored("unknown workflow");
         };
@@ -552,6 +636,7 @@ impl State {
         wf.reason = e.reason.clone();
         self.running.remove(&wf.seq);
         self.ended.push(e.workflow_id.clone());
+        self.ended_at(&e.workflow_id, time);
         Applied::Changed
     }
 

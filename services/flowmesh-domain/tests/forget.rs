@@ -2,9 +2,10 @@
 //! not the whole history, and still refuses what it refused while it held them.
 
 use flowmesh_domain::event::{
-    Event, EventBody, SubmissionAccepted, SubmissionRef, SubmissionRejected, TaskCompleted, TaskRef,
+    Event, EventBody, SubmissionAccepted, SubmissionRef, SubmissionRejected, TaskCompleted, TaskRef, WorkflowsPurged,
 };
 use flowmesh_domain::fleet::WorkerSnapshot;
+use flowmesh_domain::ids::WorkflowIds;
 use flowmesh_domain::problem::Problem;
 use flowmesh_domain::schedule::{Action, Config, decide};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
@@ -14,7 +15,12 @@ mod common;
 use common::ASK;
 
 fn apply(state: &mut State, body: EventBody) -> Applied {
-    state.apply(&Event::new(body, "t".into(), 0))
+    apply_at(state, body, "t")
+}
+
+/// As written at `time` (RFC 3339): retention counts from an end's time.
+fn apply_at(state: &mut State, body: EventBody, time: &str) -> Applied {
+    state.apply(&Event::new(body, time.into(), 0))
 }
 
 fn accepted(seq: u64) -> EventBody {
@@ -50,14 +56,19 @@ fn completed(workflow: &str, worker: &str) -> EventBody {
 
 /// One round of the router, every action folded back in.
 fn route(state: &mut State, fleet: &[WorkerSnapshot]) {
+    route_at(state, fleet, "t")
+}
+
+/// One round of the router, its events written at `time`.
+fn route_at(state: &mut State, fleet: &[WorkerSnapshot], time: &str) {
     let config = Config { no_worker_grace_ms: 60_000, ..Default::default() };
     for action in decide(state, fleet, 1_000, &config) {
         match action {
             Action::Publish(body) => {
-                apply(state, body);
+                apply_at(state, body, time);
             }
             Action::Dispatch { event, .. } => {
-                apply(state, EventBody::TaskDispatched(event));
+                apply_at(state, EventBody::TaskDispatched(event), time);
             }
             Action::Hint(_) => {}
         }
@@ -150,4 +161,107 @@ fn a_checkpoint_that_lists_forgotten_ids_still_reads() {
     let mut older: State = serde_json::from_value(json).unwrap();
     assert_eq!(older, state);
     assert_eq!(apply(&mut older, accepted(1)), Applied::Ignored("workflow already decided"));
+}
+
+/// `2026-11-26T10:<minute>:<second>Z`.
+fn at(minute: u32, second: u32) -> String {
+    format!("2026-11-26T10:{minute:02}:{second:02}.000Z")
+}
+
+/// Milliseconds since the epoch of 10:00 plus `minutes`.
+fn ms(minutes: u64) -> u64 {
+    flowmesh_domain::trace::unix_ms(&at(0, 0)).unwrap() + minutes * 60_000
+}
+
+fn ids(list: &[&str]) -> WorkflowIds {
+    let mut set = WorkflowIds::default();
+    list.iter().for_each(|id| set.insert(id));
+    set
+}
+
+#[test]
+fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_workflow_needs() {
+    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
+    worker.slots.batch.total = 1;
+    let fleet = [worker];
+    let mut state = State::default();
+    // wf-1 completes at 10:00:30; wf-2 is rejected at 10:01:10; wf-3 runs; wf-4 and wf-5 ask the
+    // same, so wf-5's task shares wf-4's execution.
+    apply_at(&mut state, accepted(1), &at(0, 0));
+    route_at(&mut state, &fleet, &at(0, 1));
+    apply_at(&mut state, completed("wf-1", "w1"), &at(0, 30));
+    apply_at(&mut state, rejected(2), &at(1, 10));
+    for seq in [4, 5] {
+        apply_at(&mut state, accepted(seq), &at(0, 40));
+    }
+    route_at(&mut state, &fleet, &at(0, 41));
+    assert_eq!(state.task("wf-5-a").map(|t| t.status), Some(TaskStatus::Merged));
+    apply_at(&mut state, completed("wf-4", "w1"), &at(0, 50));
+    // wf-5's task takes wf-4's result; wf-5 itself has not ended yet.
+    route_at(&mut state, &fleet, &at(0, 51));
+    assert_eq!(state.task("wf-5-a").map(|t| t.status), Some(TaskStatus::Completed));
+    assert_eq!(state.workflows["wf-5"].status, WorkflowStatus::Running);
+    apply_at(&mut state, accepted(3), &at(2, 0));
+
+    // Ended but still held: nothing is due until the fold dropped it.
+    assert_eq!(state.due_for_purge(ms(60), 100), Vec::<String>::new());
+    state.forget_ended();
+    assert!(!state.workflows.contains_key("wf-4"), "wf-4 is forgotten");
+    // (ended before, limit, due): a minute is due once its last end (10:00:50, wf-4's) lies
+    // before; wf-4 holds the execution whose result wf-5, still running, took; wf-3 runs.
+    for (before, limit, due) in [
+        (ms(0), 100, vec![]),
+        (ms(0) + 50_000, 100, vec![]),
+        (ms(0) + 50_001, 100, vec!["wf-1"]),
+        (ms(1) + 10_000, 100, vec!["wf-1"]),
+        (ms(1) + 10_001, 100, vec!["wf-1", "wf-2"]),
+        (ms(2), 1, vec!["wf-1"]),
+        (ms(60), 100, vec!["wf-1", "wf-2"]),
+    ] {
+        assert_eq!(state.due_for_purge(before, limit), due, "ended before {before}, up to {limit}");
+    }
+    // Once wf-5 ends (10:03), wf-4 may go with it.
+    route_at(&mut state, &fleet, &at(3, 0));
+    assert_eq!(state.workflows["wf-5"].status, WorkflowStatus::Completed);
+    state.forget_ended();
+    assert_eq!(state.due_for_purge(ms(4), 100), ["wf-1", "wf-4", "wf-2", "wf-5"]);
+
+    // The record of a purge takes them out of what is due, and survives a checkpoint.
+    let record = EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1", "wf-2", "wf-4"]) });
+    assert_eq!(apply_at(&mut state, record, &at(5, 0)), Applied::Changed);
+    assert_eq!(state.due_for_purge(ms(60), 100), ["wf-5"]);
+    let restored: State = serde_json::from_value(serde_json::to_value(&state).unwrap()).unwrap();
+    assert_eq!(restored, state);
+    assert_eq!(restored.due_for_purge(ms(60), 100), ["wf-5"]);
+    assert!(restored.purged().contains("wf-4") && !restored.purged().contains("wf-5"));
+}
+
+#[test]
+fn a_reader_that_took_part_of_a_purged_workflow_drops_it_at_the_record() {
+    let fleet = [common::worker("w1", &["inference"], 8, 32, &[])];
+    // A reader behind the purge: it folded wf-1's verdict and dispatch, then the rest of wf-1's
+    // events were purged, and the record is what it reads next.
+    let mut behind = State::default();
+    apply(&mut behind, accepted(1));
+    route(&mut behind, &fleet);
+    apply(&mut behind, accepted(2));
+    assert_eq!(behind.task("wf-1-a").map(|t| t.status), Some(TaskStatus::Dispatched));
+    assert!(behind.workers_holding_tasks().contains("w1"));
+    let record = EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]) });
+    assert_eq!(apply(&mut behind, record), Applied::Changed);
+    assert!(behind.workflow("wf-1").is_none() && behind.task("wf-1-a").is_none());
+    assert_eq!(behind.running_workflows().map(|wf| wf.workflow_id.as_str()).collect::<Vec<_>>(), ["wf-2"]);
+    assert!(behind.workers_holding_tasks().is_empty(), "nothing pins w1 any more");
+    // What of it still comes is ignored, a verdict included.
+    assert_eq!(apply(&mut behind, completed("wf-1", "w1")), Applied::Ignored("unknown task"));
+    assert_eq!(apply(&mut behind, accepted(1)), Applied::Ignored("workflow already decided"));
+    assert_eq!(behind.due_for_purge(u64::MAX, 100), Vec::<String>::new());
+
+    // A reader that starts after the purge sees only the record, and agrees.
+    let mut fresh = State::default();
+    apply(&mut fresh, accepted(2));
+    apply(&mut fresh, EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]) }));
+    assert_eq!(fresh.running_workflows().count(), 1);
+    assert_eq!(apply(&mut fresh, accepted(1)), Applied::Ignored("workflow already decided"));
+    assert_eq!(fresh.decided_workflows(), behind.decided_workflows());
 }

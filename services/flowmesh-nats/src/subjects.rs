@@ -104,6 +104,12 @@ pub fn submission_events(workflow_id: &str) -> String {
     format!("{EVENTS_PREFIX}.{workflow_id}.{NO_SCOPE}.submission.>")
 }
 
+/// The records of retention's purges (`workflows.purged`), on no workflow:
+/// `flowmesh.events._._.workflows.purged`.
+pub fn purge_records() -> String {
+    format!("{EVENTS_PREFIX}.{NO_SCOPE}.{NO_SCOPE}.workflows.purged")
+}
+
 /// Every fleet event (joins, losses, cordons, drains, prewarm hints): `flowmesh.events.fleet.>`.
 pub fn fleet_events() -> String {
     format!("{EVENTS_PREFIX}.{FLEET_SCOPE}.>")

@@ -38,6 +38,28 @@ pub struct RouterArgs {
     /// (replay the whole log).
     #[arg(long, env = "ROUTER_CHECKPOINT_DIR")]
     pub router_checkpoint_dir: Option<std::path::PathBuf>,
+    /// Seconds a workflow's events stay in the log after it ended (or was rejected); then the
+    /// router purges them. 0 keeps them for ever. At least 60.
+    #[arg(long, env = "ROUTER_KEEP_ENDED_SEC", default_value_t = DEFAULT_KEEP_ENDED_SEC, value_parser = keep_ended_sec)]
+    pub router_keep_ended_sec: u64,
+}
+
+/// A week: as long as the submissions stream keeps a workflow's document.
+pub const DEFAULT_KEEP_ENDED_SEC: u64 = 7 * 24 * 3600;
+
+/// Reads a kept period in seconds: 0 (for ever) or at least a minute, so that a person
+/// following a workflow (`submit --watch`) reads its end before it goes.
+pub fn keep_ended_sec(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(sec) if sec == 0 || sec >= 60 => Ok(sec),
+        Ok(sec) => Err(format!("{sec} s is shorter than a minute; give 0 to keep every event for ever, or 60 or more")),
+        Err(e) => Err(format!("{text:?} is not a number of seconds: {e}")),
+    }
+}
+
+/// The kept period of [`keep_ended_sec`]'s seconds; `None` keeps everything.
+pub fn keep_ended(sec: u64) -> Option<Duration> {
+    (sec > 0).then(|| Duration::from_secs(sec))
 }
 
 #[derive(Debug, Clone)]
@@ -50,7 +72,15 @@ pub struct Config {
     pub checkpoint_dir: Option<std::path::PathBuf>,
     /// How often the checkpoint is written while events flow.
     pub checkpoint_every: Duration,
+    /// How long an ended workflow's events stay in the log before the router purges them
+    /// (retention); `None` keeps them for ever.
+    pub keep_ended: Option<Duration>,
 }
+
+/// The most workflows one purge round takes.
+const PURGE_BATCH: usize = 4096;
+/// Purge requests a round has in flight at once.
+const PURGES_IN_FLIGHT: usize = 64;
 
 /// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
 /// remembered once its loss is recorded and it holds nothing. A day: the workers bucket's own
@@ -74,6 +104,7 @@ impl RouterArgs {
             tick: Duration::from_millis(500),
             checkpoint_dir: self.router_checkpoint_dir.clone(),
             checkpoint_every: Duration::from_secs(10),
+            keep_ended: keep_ended(self.router_keep_ended_sec),
         }
     }
 }
@@ -137,6 +168,10 @@ struct Router {
     out_of_contact: bool,
     /// When contact with NATS was last regained (router clock); 0 before any outage.
     contact_since_ms: u64,
+    /// The purge round in flight, off the loop: it hands back the workflows it could not purge.
+    purging: Option<tokio::task::JoinHandle<Vec<String>>>,
+    /// Workflows a record already lists whose purge failed: tried again in the next round.
+    purge_again: Vec<String>,
 }
 
 /// Runs until `shutdown` fires.
@@ -189,6 +224,8 @@ pub async fn run(
         unreadable: 0,
         out_of_contact: false,
         contact_since_ms: 0,
+        purging: None,
+        purge_again: Vec::new(),
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
     // the server's timestamps, measured against the freshest of them (all on the server's clock).
@@ -261,6 +298,7 @@ pub async fn run(
                     tokio::task::spawn_blocking(move || drop(dropped));
                 }
                 router.forget_gone_workers(clock::now_ms());
+                router.purge_ended(&events_stream, clock::now_ms()).await;
                 // Time-based rules (grace periods) are looked at in a whole round, on the tick
                 // or, when what runs makes one costly, less often.
                 let (at, cost) = router.last_whole;
@@ -308,6 +346,40 @@ pub async fn run(
     }
     info!("router stopped");
     Ok(())
+}
+
+/// Purges each workflow's events, `PURGES_IN_FLIGHT` requests at once, then every purge
+/// record but the latest. Returns the workflows whose purge failed.
+async fn purge_workflows(events: jetstream::stream::Stream, ids: Vec<String>) -> Vec<String> {
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    let (mut workflows, mut messages) = (0u64, 0u64);
+    let requests = ids.into_iter().map(|id| {
+        let events = &events;
+        async move {
+            let purged = events.purge().filter(subjects::workflow_events(&id)).await;
+            (id, purged)
+        }
+    });
+    let mut answers = futures_util::stream::iter(requests).buffer_unordered(PURGES_IN_FLIGHT);
+    while let Some((id, purged)) = answers.next().await {
+        match purged {
+            Ok(answer) => {
+                workflows += 1;
+                messages += answer.purged;
+            }
+            Err(e) => {
+                warn!(workflow = %id, error = %e, "could not purge a workflow's events; trying again next round");
+                failed.push(id);
+            }
+        }
+    }
+    if let Err(e) = events.purge().filter(subjects::purge_records()).keep(1).await {
+        warn!(error = %e, "could not drop the older purge records");
+    }
+    metrics::counter!("flowmesh_router_purged_workflows_total").increment(workflows);
+    info!(workflows, messages, failed = failed.len(), took = ?started.elapsed(), "purged ended workflows' events");
+    failed
 }
 
 /// The checkpoint back from its write off the loop; `None` (no more checkpoints, the log is
@@ -434,6 +506,42 @@ impl Router {
         }
     }
 
+    /// Retention: purges the events of the workflows that ended longer ago than the kept period
+    /// (`State::due_for_purge`), one round at a time. The round's record (`workflows.purged`,
+    /// every workflow purged so far) is stored first: a reader that took the first part of a
+    /// purged workflow's events reads the record after them and drops the workflow, whatever
+    /// point of the log it started from. Then the purges go out off the loop, and the older
+    /// records with them (the latest lists everything). Only the leader purges, and only with
+    /// its fold whole.
+    async fn purge_ended(&mut self, events: &jetstream::stream::Stream, now_ms: u64) {
+        let Some(keep) = self.config.keep_ended else { return };
+        if !self.leader || !self.caught_up() || self.purging.as_ref().is_some_and(|p| !p.is_finished()) {
+            return;
+        }
+        if let Some(round) = self.purging.take() {
+            match round.await {
+                Ok(failed) => self.purge_again.extend(failed),
+                Err(e) => warn!(error = %e, "a purge round panicked"),
+            }
+        }
+        let due = self.state.due_for_purge(now_ms.saturating_sub(keep.as_millis() as u64), PURGE_BATCH);
+        let mut ids = std::mem::take(&mut self.purge_again);
+        if !due.is_empty() {
+            let mut record = self.state.purged().clone();
+            due.iter().for_each(|id| record.insert(id));
+            let body = EventBody::WorkflowsPurged(flowmesh_domain::event::WorkflowsPurged { workflows: record });
+            if let Err(e) = self.publish_all(vec![body]).await {
+                warn!(error = %e, workflows = due.len(), "could not store a purge record; purging nothing this round");
+                self.purge_again = ids;
+                return;
+            }
+            ids.extend(due);
+        }
+        if !ids.is_empty() {
+            self.purging = Some(tokio::spawn(purge_workflows(events.clone(), ids)));
+        }
+    }
+
     /// Workers that left cleanly while this router could not see it (before it ran, or while it
     /// stood by) are known as such before its first decision: what they held and never started
     /// was handed back, not lost (`FleetIndex::depart`). Only the workers that tasks are on and
@@ -496,6 +604,7 @@ impl Router {
             "running_workflows": running,
             "live_workers": live,
             "known_workers": known,
+            "purged_workflows": self.state.purged().len(),
             "unreadable_events": self.unreadable,
         })
     }
@@ -784,7 +893,7 @@ const WHOLE_ROUND_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
-    use super::{gone_for_good, received_before_start, whole_round_every};
+    use super::{gone_for_good, keep_ended, keep_ended_sec, received_before_start, whole_round_every};
     use std::time::Duration;
 
     #[test]
@@ -801,6 +910,26 @@ mod tests {
             (false, false, false, 2 * day, false, "silent, its loss not yet folded"),
         ] {
             assert_eq!(gone_for_good(live, left, settled, silent_ms, day), forgotten, "{why}");
+        }
+    }
+
+    #[test]
+    fn the_kept_period_is_for_ever_or_at_least_a_minute() {
+        for (text, want) in [
+            ("0", Ok(None)),
+            ("60", Ok(Some(60))),
+            ("604800", Ok(Some(604_800))),
+            ("59", Err("shorter than a minute")),
+            ("1", Err("shorter than a minute")),
+            ("-1", Err("not a number of seconds")),
+            ("a week", Err("not a number of seconds")),
+        ] {
+            let got = keep_ended_sec(text).map(|sec| keep_ended(sec).map(|d| d.as_secs()));
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{text}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{text}: {got}"),
+                (got, want) => panic!("{text}: {got:?}, wanted {want:?}"),
+            }
         }
     }
 

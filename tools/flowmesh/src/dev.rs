@@ -25,6 +25,8 @@ pub struct StackOptions {
     pub port: Option<u16>,
     pub heartbeat: Duration,
     pub no_worker_grace: Duration,
+    /// How long ended workflows' events stay in the log (`ROUTER_KEEP_ENDED_SEC`).
+    pub keep_ended: Option<Duration>,
 }
 
 impl Default for StackOptions {
@@ -39,6 +41,7 @@ impl Default for StackOptions {
             port: None,
             heartbeat: Duration::from_secs(2),
             no_worker_grace: Duration::from_secs(60),
+            keep_ended: flowmesh_router::keep_ended(flowmesh_router::DEFAULT_KEEP_ENDED_SEC),
         }
     }
 }
@@ -106,6 +109,7 @@ impl Stack {
             // With --data, a restarted dev stack resumes the router's fold from here.
             checkpoint_dir: Some(data_dir.join("router-checkpoint")),
             checkpoint_every: Duration::from_secs(10),
+            keep_ended: options.keep_ended,
         };
         services.spawn(async move { ("router".to_owned(), flowmesh_router::run(router, client, h, stop).await) });
 

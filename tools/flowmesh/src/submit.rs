@@ -139,7 +139,8 @@ pub fn progress_line(event: &Event) -> Option<String> {
         | EventBody::WorkerCordoned(_)
         | EventBody::WorkerUncordoned(_)
         | EventBody::WorkerDrainRequested(_)
-        | EventBody::WorkerPrewarmRequested(_) => return None,
+        | EventBody::WorkerPrewarmRequested(_)
+        | EventBody::WorkflowsPurged(_) => return None,
     };
     Some(line)
 }

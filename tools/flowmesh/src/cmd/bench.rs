@@ -45,6 +45,10 @@ pub struct Args {
     /// With --dev: the nats-server binary (default: from PATH).
     #[arg(long, requires = "dev")]
     nats_server: Option<PathBuf>,
+    /// With --dev: seconds an ended workflow's events stay in the log before the router purges
+    /// them (ROUTER_KEEP_ENDED_SEC; 0 keeps them for ever).
+    #[arg(long, requires = "dev", default_value_t = flowmesh_router::DEFAULT_KEEP_ENDED_SEC, value_parser = flowmesh_router::keep_ended_sec)]
+    keep_ended_sec: u64,
     /// Also measure the raw JetStream round trip (pipelined publish with acks, 256 in flight;
     /// consume with plain acks) on the same server, in a temporary stream deleted afterwards.
     #[arg(long)]
@@ -83,6 +87,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
             batch_slots: args.slots,
             prefetch: args.prefetch,
             nats_server: args.nats_server,
+            keep_ended: flowmesh_router::keep_ended(args.keep_ended_sec),
             ..Default::default()
         })
         .await?;

@@ -32,6 +32,10 @@ pub struct Args {
     /// Seconds a task may find no capable worker before it fails (TASK_NO_WORKER_GRACE_SEC).
     #[arg(long, env = "TASK_NO_WORKER_GRACE_SEC", default_value_t = 60)]
     no_worker_grace_sec: u64,
+    /// Seconds an ended workflow's events stay in the log before the router purges them; 0
+    /// keeps them for ever (ROUTER_KEEP_ENDED_SEC).
+    #[arg(long, env = "ROUTER_KEEP_ENDED_SEC", default_value_t = flowmesh_router::DEFAULT_KEEP_ENDED_SEC, value_parser = flowmesh_router::keep_ended_sec)]
+    keep_ended_sec: u64,
 }
 
 pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
@@ -51,6 +55,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         nats_server: args.nats_server,
         port: args.port,
         no_worker_grace: Duration::from_secs(args.no_worker_grace_sec),
+        keep_ended: flowmesh_router::keep_ended(args.keep_ended_sec),
         ..Default::default()
     };
     let mut stack = dev::Stack::start(options).await?;

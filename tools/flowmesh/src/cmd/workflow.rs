@@ -126,7 +126,16 @@ async fn from_log(nats: &NatsArgs, command: FromLog) -> anyhow::Result<ExitCode>
                 }
                 return Ok(ExitCode::from(1));
             }
-            let wf = state.workflows.get(&id).ok_or_else(|| anyhow::anyhow!("no workflow {id}"))?;
+            let Some(wf) = state.workflows.get(&id) else {
+                // The latest purge record lists every workflow whose events retention removed.
+                let purged = log::fold(&handles.js, subjects::purge_records()).await?;
+                if purged.purged().contains(&id) {
+                    anyhow::bail!(
+                        "{id} ended longer ago than the router keeps events (ROUTER_KEEP_ENDED_SEC); its events were purged"
+                    );
+                }
+                anyhow::bail!("no workflow {id}");
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(wf)?);
             } else {

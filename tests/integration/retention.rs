@@ -1,0 +1,75 @@
+//! Retention against a real server: the router purges the events of workflows that ended longer
+//! ago than it keeps them, stores a record of it first, and leaves what runs alone; a router
+//! that folds the log from nothing afterwards agrees with the one that purged.
+
+use flowmesh_nats::subjects;
+use futures_util::StreamExt;
+use std::time::Duration;
+use tests::{DEADLINE, World, router_config, worker_config};
+
+/// Asks for a GPU no worker here has: it waits for one (a long grace), so its workflow runs on.
+const WAITS_FOR_A_GPU: &str = "apiVersion: flowmesh/v1\nkind: PPO\nmetadata: {name: waits}\nspec:\n  taskType: ppo\n  resources: {hardware: {gpu: {count: 1, type: H100}}}\n";
+
+/// How many messages the log holds on the subjects `filter` matches.
+async fn stored(world: &World, filter: &str) -> anyhow::Result<usize> {
+    let stream = world.handles.js.get_stream(subjects::EVENTS_STREAM).await?;
+    let mut subjects = stream.info_with_subjects(filter).await?;
+    let mut count = 0;
+    while let Some(entry) = subjects.next().await {
+        count += entry?.1;
+    }
+    Ok(count)
+}
+
+#[tokio::test]
+async fn ended_workflows_events_are_purged_after_the_kept_period_and_a_fresh_router_agrees() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let config = |instance: &str| {
+        let mut config = router_config(instance);
+        config.keep_ended = Some(Duration::from_secs(1));
+        config.schedule.no_worker_grace_ms = 10 * 60_000;
+        config
+    };
+    world.router_with(config("r1")).await?;
+    world.worker(worker_config(&world, "w1", None)).await?;
+
+    let waits = world.submit(WAITS_FOR_A_GPU.as_bytes(), None).await?;
+    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    world.wait_workflow_end(&ended).await?;
+    assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 3);
+
+    // The record comes first, then the purge.
+    world
+        .wait_for("the purge record", |events| {
+            events.iter().any(
+                |e| matches!(&e.body, flowmesh_domain::EventBody::WorkflowsPurged(p) if p.workflows.contains(&ended)),
+            )
+        })
+        .await?;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while stored(&world, &subjects::workflow_events(&ended)).await? > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{ended}'s events are still in the log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What runs keeps every event; the record is there, once.
+    assert!(stored(&world, &subjects::workflow_events(&waits)).await? >= 2, "{waits} lost events");
+    assert_eq!(stored(&world, &subjects::purge_records()).await?, 1);
+    let r1 = world.status_when("router", |s| s["purged_workflows"] == 1 && s["running_workflows"] == 1).await?;
+    assert!(r1["purged_workflows"] == 1 && r1["running_workflows"] == 1, "{r1}");
+
+    // A person asking about it is told why it is gone.
+    let out = world.cli(&["workflow", "info", &ended]).await?;
+    assert!(!out.status.success() && tests::output_text(&out).contains("purged"), "{}", tests::output_text(&out));
+
+    // A router that folds the log from nothing holds what the first one held.
+    world.stop("r1").await?;
+    world.router_with(config("r2")).await?;
+    let r2 =
+        world.status_when("router", |s| s["instance"] == "r2" && s["leader"] == true && s["caught_up"] == true).await?;
+    for field in ["workflows", "running_workflows", "purged_workflows"] {
+        assert_eq!(r2[field], r1[field], "{field}: r1 {r1}, r2 {r2}");
+    }
+    world.shutdown().await;
+    Ok(())
+}
