@@ -47,11 +47,7 @@ async fn ended_workflows_events_are_purged_after_the_kept_period_and_a_fresh_rou
             )
         })
         .await?;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while stored(&world, &subjects::workflow_events(&ended)).await? > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "{ended}'s events are still in the log");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_gone(&world, &ended).await?;
     // What runs keeps every event; the record is there, once.
     assert!(stored(&world, &subjects::workflow_events(&waits)).await? >= 2, "{waits} lost events");
     assert_eq!(stored(&world, &subjects::purge_records()).await?, 1);
@@ -70,6 +66,46 @@ async fn ended_workflows_events_are_purged_after_the_kept_period_and_a_fresh_rou
     for field in ["workflows", "running_workflows", "purged_workflows"] {
         assert_eq!(r2[field], r1[field], "{field}: r1 {r1}, r2 {r2}");
     }
+    world.shutdown().await;
+    Ok(())
+}
+
+/// Waits until the log holds nothing of `workflow`.
+async fn until_gone(world: &World, workflow: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while stored(world, &subjects::workflow_events(workflow)).await? > 0 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "{workflow}'s events are still in the log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// A router resumed from its checkpoint did not fold the events of a workflow that ended
+/// before it: it cannot know their sequences, and purges them by the workflow's subjects.
+#[tokio::test]
+async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subjects() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    world.worker(worker_config(&world, "w1", None)).await?;
+    let checkpoint = world.dir.path().join("router-checkpoint");
+    let config = |keep: Duration| {
+        let mut config = router_config("r1");
+        config.checkpoint_dir = Some(checkpoint.clone());
+        config.keep_ended = Some(keep);
+        config
+    };
+    world.router_with(config(Duration::from_secs(3600))).await?;
+    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    world.wait_workflow_end(&ended).await?;
+    // The end is folded (and so in the checkpoint written at the stop) once the router says so.
+    world.status_when("router", |s| s["running_workflows"] == 0 && s["caught_up"] == true).await?;
+    world.stop("r1").await?;
+    assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 3);
+
+    world.router_with(config(Duration::from_secs(1))).await?;
+    until_gone(&world, &ended).await?;
+    let status = world.status_when("router", |s| s["purged_workflows"] == 1).await?;
+    assert_eq!(status["purged_workflows"], 1, "{status}");
     world.shutdown().await;
     Ok(())
 }

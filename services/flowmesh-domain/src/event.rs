@@ -437,6 +437,19 @@ impl EventBody {
         }
     }
 
+    /// The workflow this event is about; `None` for fleet events and purge records.
+    pub fn workflow(&self) -> Option<&str> {
+        if let Some(task) = self.task() {
+            return Some(&task.workflow_id);
+        }
+        match self {
+            EventBody::SubmissionAccepted(e) => Some(&e.workflow_id),
+            EventBody::SubmissionRejected(e) => Some(&e.workflow_id),
+            EventBody::TaskCancelRequested(e) => Some(&e.workflow_id),
+            _ => self.ended_workflow(),
+        }
+    }
+
     /// The deterministic id: the same cause always yields the same id. All terminal events of
     /// one task attempt share `<task>.<attempt>.end`, so the stream keeps only the first.
     pub fn derive_id(&self, sequence_hint: u64) -> String {
@@ -474,8 +487,9 @@ impl EventBody {
             EventBody::WorkerPrewarmRequested(e) => {
                 format!("worker.{}.prewarm.{}.{sequence_hint}", e.worker_id, e.model)
             }
-            // The set only grows, so its size names it: a retry of the same record is the same id.
-            EventBody::WorkflowsPurged(e) => format!("purged.{}", e.workflows.len()),
+            // A retry of the same record is the same id; two leaders' records (a lease changing
+            // hands mid-round) of one size but other ids are not.
+            EventBody::WorkflowsPurged(e) => format!("purged.{}.{:016x}", e.workflows.len(), e.workflows.fingerprint()),
         }
     }
 

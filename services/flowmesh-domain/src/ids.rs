@@ -100,6 +100,26 @@ impl WorkflowIds {
         self.others.retain(|id| !other.others.contains(id));
     }
 
+    /// A digest of the ids (FNV-1a over the ranges and names): two different sets of one size
+    /// get different names this way.
+    pub fn fingerprint(&self) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for &b in bytes {
+                hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for (first, last) in &self.ranges {
+            eat(&first.to_le_bytes());
+            eat(&last.to_le_bytes());
+        }
+        for other in &self.others {
+            eat(other.as_bytes());
+            eat(&[0]);
+        }
+        hash
+    }
+
     pub fn len(&self) -> usize {
         let in_ranges: u64 = self.ranges.iter().map(|(first, last)| last - first + 1).sum();
         in_ranges as usize + self.others.len()
@@ -248,6 +268,10 @@ mod tests {
             ["wf-1", "wf-2", "wf-3", "wf-4", "wf-8", "wf-9", "job-1", "job-2"]
         );
         assert!(!joined.is_empty() && WorkflowIds::default().is_empty());
+        // Same size, other ids: another fingerprint; the same ids: the same.
+        assert_ne!(set(&[1, 2], &[]).fingerprint(), set(&[1, 3], &[]).fingerprint());
+        assert_ne!(set(&[], &["ab", "c"]).fingerprint(), set(&[], &["a", "bc"]).fingerprint());
+        assert_eq!(joined.fingerprint(), set(&[1, 2, 3, 4, 8, 9], &["job-2", "job-1"]).fingerprint());
     }
 
     #[test]

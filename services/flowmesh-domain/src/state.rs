@@ -211,8 +211,8 @@ pub struct State {
     /// Workflows (and rejections) whose events the log still holds, by the minute they ended:
     /// what retention purges once the minute's last end is older than the kept period
     /// ([`State::due_for_purge`]). Ranges, so it grows with the kept period's minutes, not with
-    /// the workflows in them.
-    #[serde(default)]
+    /// the workflows in them. Required in a checkpoint: one written before retention does not
+    /// read, so the router replays the log once and notes the ends of the history before it too.
     unpurged: BTreeMap<u64, EndedIn>,
     /// Every workflow whose events were purged (`workflows.purged`, the latest of which lists
     /// them all).
@@ -519,6 +519,9 @@ impl State {
     /// result from (a fold believes that result only with the shared execution's workflow in
     /// view).
     pub fn due_for_purge(&self, ended_before_ms: u64, limit: usize) -> Vec<String> {
+        if self.unpurged.values().next().is_none_or(|ended| ended.last_ms >= ended_before_ms) {
+            return Vec::new();
+        }
         let sharing: BTreeSet<&str> = self
             .running_workflows()
             .flat_map(|wf| wf.tasks.iter())

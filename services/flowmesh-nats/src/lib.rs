@@ -11,6 +11,7 @@ pub mod digest;
 pub mod error;
 pub mod host;
 pub mod publish;
+pub mod retention;
 pub mod retry;
 pub mod shutdown;
 pub mod status;

@@ -110,6 +110,12 @@ pub fn purge_records() -> String {
     format!("{EVENTS_PREFIX}.{NO_SCOPE}.{NO_SCOPE}.workflows.purged")
 }
 
+/// The JetStream API request (below `$JS.API.`) that deletes one message of the event log by
+/// its sequence: how retention removes a workflow's events.
+pub fn event_delete_request() -> String {
+    format!("STREAM.MSG.DELETE.{EVENTS_STREAM}")
+}
+
 /// Every fleet event (joins, losses, cordons, drains, prewarm hints): `flowmesh.events.fleet.>`.
 pub fn fleet_events() -> String {
     format!("{EVENTS_PREFIX}.{FLEET_SCOPE}.>")
