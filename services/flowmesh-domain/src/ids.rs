@@ -59,9 +59,14 @@ impl WorkflowIds {
 
     pub fn contains(&self, id: &str) -> bool {
         match canonical_seq(id) {
-            Some(seq) => self.ranges.range(..=seq).next_back().is_some_and(|(_, &last)| seq <= last),
+            Some(seq) => self.contains_seq(seq),
             None => self.others.contains(id),
         }
+    }
+
+    /// Whether it holds the workflow of submission `seq` (`wf-<seq>`), without spelling its id.
+    pub fn contains_seq(&self, seq: u64) -> bool {
+        self.ranges.range(..=seq).next_back().is_some_and(|(_, &last)| seq <= last)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -487,12 +487,7 @@ impl State {
             self.workflows.keys().chain(self.rejected.keys()).filter(|id| workflows.contains(id)).cloned().collect();
         for id in &held {
             self.rejected.remove(id);
-            if let Some(wf) = self.workflows.remove(id) {
-                self.running.remove(&wf.seq);
-                for t in &wf.tasks {
-                    self.task_index.remove(&t.def.task_id);
-                }
-            }
+            self.drop_workflow(id);
         }
         self.ended.retain(|id| !workflows.contains(id));
         self.unpurged.retain(|_, ended| {
@@ -532,7 +527,7 @@ impl State {
             .values()
             .take_while(|ended| ended.last_ms < ended_before_ms)
             .flat_map(|ended| ended.ids.iter())
-            .filter(|id| !held(id) && !self.purged.contains(id))
+            .filter(|id| !held(id))
             .take(limit)
             .collect()
     }
@@ -677,15 +672,20 @@ impl State {
             std::mem::take(&mut self.ended).into_iter().partition(|id| sharing.contains(id));
         self.ended = keep;
         for id in &drop {
-            if let Some(wf) = self.workflows.remove(id) {
-                for t in &wf.tasks {
-                    self.task_index.remove(&t.def.task_id);
-                }
-                dropped.push(wf);
-            }
+            dropped.extend(self.drop_workflow(id));
             self.forgotten.insert(id);
         }
         rejected.len() + drop.len()
+    }
+
+    /// Takes a workflow out of the fold: its entry, its place among the running, its tasks.
+    fn drop_workflow(&mut self, workflow_id: &str) -> Option<Arc<WorkflowState>> {
+        let wf = self.workflows.remove(workflow_id)?;
+        self.running.remove(&wf.seq);
+        for t in &wf.tasks {
+            self.task_index.remove(&t.def.task_id);
+        }
+        Some(wf)
     }
 
     /// Drops what the fold remembers of a worker's incarnations (joined, lost). The router calls

@@ -516,7 +516,7 @@ impl Router {
             if let EventBody::WorkflowsPurged(record) = body {
                 self.record_seqs.push(seq);
                 // What another router purged is no longer this one's to follow.
-                self.event_seqs.retain(|&n, _| !record.workflows.contains(&ids::workflow_id(n)));
+                self.event_seqs.retain(|&n, _| !record.workflows.contains_seq(n));
             }
             return;
         };
