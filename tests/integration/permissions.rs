@@ -64,6 +64,7 @@ enum Action {
     SendWork,
     SendHint,
     HearHints,
+    HearEvents,
     WriteOwnSnapshot,
     WriteOtherSnapshot,
     TakeRouterLease,
@@ -112,6 +113,9 @@ const MATRIX: &[(Action, &[&str])] = &[
     (SendWork, &["router", "admin"]),
     (SendHint, &["router", "admin"]),
     (HearHints, &["submitter", "alice", "admin"]),
+    // Events as they are published (how `flowmesh bench` hears ends): what a reader of the log
+    // may read anyway, without a consumer.
+    (HearEvents, &["submitter", "alice", "admin"]),
     (WriteOwnSnapshot, &["worker", "worker-own", "admin"]),
     (WriteOtherSnapshot, &["worker", "admin"]),
     (TakeRouterLease, &["router", "admin"]),
@@ -189,6 +193,7 @@ impl Action {
             SendWork => "flowmesh.work.own",
             SendHint => "flowmesh.hints.wf-1.",
             HearHints => "flowmesh.hints.wf-1.*",
+            HearEvents => "flowmesh.events.*.*.task.completed.*",
             WriteOwnSnapshot => "$KV.flowmesh_workers.own",
             WriteOtherSnapshot => "$KV.flowmesh_workers.other",
             RollUpFleet => "$KV.flowmesh_workers",
@@ -245,6 +250,10 @@ impl Action {
                 until_heard(&me.client, &subject, &mut heard).await
             }
             HearHints => hear(me, world, &subjects::workflow_hints("wf-1"), &subjects::hint("wf-1", "wf-1-main")).await,
+            HearEvents => {
+                let probe = subjects::event("wf-hear.wf-hear-main.task.completed.w-1");
+                hear(me, world, &subjects::events_of_kind("task.completed"), &probe).await
+            }
             WriteOwnSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "own").await,
             WriteOtherSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "other").await,
             // `Nats-Rollup: all` on a key one may write would purge every other key of the bucket.

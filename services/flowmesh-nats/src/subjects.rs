@@ -88,6 +88,12 @@ pub fn reports(kind: &str, worker: &str) -> String {
     format!("{EVENTS_PREFIX}.*.*.{kind}.{worker}")
 }
 
+/// Every event of `kind` (`<noun>.<verb>`) in any workflow, whoever wrote it: a worker's report
+/// carries the worker's id after its kind (`reports`), a service's event ends with its kind.
+pub fn events_of_kind(kind: &str) -> String {
+    if REPORT_KINDS.contains(&kind) { reports(kind, "*") } else { format!("{EVENTS_PREFIX}.*.*.{kind}") }
+}
+
 /// Every event: `flowmesh.events.>`.
 pub fn all_events() -> String {
     format!("{EVENTS_PREFIX}.>")
@@ -209,7 +215,46 @@ pub fn bench_raw_stream(nonce: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::event_kind;
+    use super::{event, event_kind, events_of_kind};
+
+    /// NATS subject matching: `*` is one token, `>` the rest.
+    fn matches(pattern: &str, subject: &str) -> bool {
+        let (mut p, mut s) = (pattern.split('.'), subject.split('.'));
+        loop {
+            match (p.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some("*"), Some(_)) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
+
+    #[test]
+    fn events_of_a_kind_are_matched_as_their_authors_write_them() {
+        let written = [
+            "wf-1.wf-1-a.task.started.w-1",
+            "wf-1.wf-1-a.task.completed.w-1",
+            "wf-1.wf-1-a.task.dispatched.w-1",
+            "wf-1.wf-1-a.task.skipped",
+            "wf-1._.workflow.failed",
+            "wf-1._.submission.rejected",
+            "wf-1._.submission.accepted",
+        ];
+        let cases = [
+            ("task.started", "wf-1.wf-1-a.task.started.w-1"),
+            ("task.completed", "wf-1.wf-1-a.task.completed.w-1"),
+            ("task.skipped", "wf-1.wf-1-a.task.skipped"),
+            ("workflow.failed", "wf-1._.workflow.failed"),
+            ("submission.rejected", "wf-1._.submission.rejected"),
+        ];
+        for (kind, only) in cases {
+            let pattern = events_of_kind(kind);
+            let hits: Vec<&str> = written.iter().copied().filter(|suffix| matches(&pattern, &event(suffix))).collect();
+            assert_eq!(hits, [only], "{pattern}");
+        }
+    }
 
     #[test]
     fn the_kind_is_the_third_and_fourth_tokens() {

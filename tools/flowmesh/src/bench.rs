@@ -4,8 +4,9 @@
 //! the pipeline's figure is read as a ratio to what the server itself can do.
 //!
 //! Latencies are taken on this process's monotonic clock: the instant before a submission is
-//! published, and the instant its `task.started` / workflow end arrives on one ordered consumer
-//! over the event log (never a consumer per workflow: they are a limited server resource).
+//! published, and the instant its `task.started` / workflow end is published, heard on one core
+//! subscription per kind it times (never a consumer per workflow: they are a limited server
+//! resource).
 
 use crate::{cpu, submit, table, views};
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
@@ -496,8 +497,10 @@ enum Outcome {
     /// `State::apply_deriving`). The bench counts ends against the number of tasks it submitted
     /// instead of folding, so it holds a number per workflow in flight, not a second copy of the
     /// router's state; its own workflows are never cancelled, and the stream keeps one end per
-    /// task attempt.
-    TaskEnded,
+    /// task attempt. Named by its task, so a repeated report counts once.
+    TaskEnded {
+        task_id: String,
+    },
     Failed(String),
 }
 
@@ -514,10 +517,10 @@ fn outcomes(event: &Event) -> Vec<(String, Outcome)> {
                 let before_ms = started.zip(ended).map_or(0.0, |(s, e)| e.saturating_sub(s) as f64);
                 seen.push((e.task.workflow_id.clone(), Outcome::Started { before_ms }));
             }
-            seen.push((e.task.workflow_id.clone(), Outcome::TaskEnded));
+            seen.push((e.task.workflow_id.clone(), Outcome::TaskEnded { task_id: e.task.task_id.clone() }));
             return seen;
         }
-        EventBody::TaskSkipped(e) => (&e.task.workflow_id, Outcome::TaskEnded),
+        EventBody::TaskSkipped(e) => (&e.task.workflow_id, Outcome::TaskEnded { task_id: e.task.task_id.clone() }),
         EventBody::WorkflowFailed(e) => {
             (&e.workflow_id, Outcome::Failed(format!("failed: {}", e.reason.as_deref().unwrap_or("no reason given"))))
         }
@@ -539,40 +542,36 @@ fn outcomes(event: &Event) -> Vec<(String, Outcome)> {
 const TIMED: [&str; 6] =
     ["submission.rejected", "task.started", "task.completed", "task.skipped", "workflow.failed", "workflow.cancelled"];
 
-/// Whether an event's subject suffix (`<workflow>.<task>.<kind>`, a worker's id after it on a
-/// report) names a kind in `TIMED`. The follower takes every event and decodes only these: a
-/// consumer filtered on the kinds (wildcards in the workflow and task tokens) made the server walk
-/// its index of every subject the stream holds each time the follower's next match lay past a
-/// block of the stream, holding the stream's writes meanwhile, so the bench stalled the pipeline
-/// it measured, the longer the more history (BENCHMARKS, "Eleventh round").
-fn is_timed(suffix: &str) -> bool {
-    subjects::event_kind(suffix).is_some_and(|kind| TIMED.contains(&kind))
-}
-
-/// One ordered consumer over the events the bench times, from now on, feeding `Seen`s.
+/// Hears the events the bench times as they are published, feeding `Seen`s: one core
+/// subscription per kind in `TIMED` (`subjects::events_of_kind`), none of them a JetStream
+/// consumer. The server matches a core subscription when a message comes in, so it sends the
+/// bench only these events (a fifth of the log's bytes for a one-task echo workflow) without
+/// reading the stream for them. An ordered consumer over every event had it deliver the
+/// acceptance and the dispatch, each carrying the workflow or its order, for nothing; one
+/// filtered on these kinds made it walk its index of every subject of the stream while holding
+/// its writes (BENCHMARKS, "Eleventh round"). That these ends are stored is what the workers
+/// guarantee (an order is acked only once its end is) and the stream counters count; a worker that
+/// repeats an end it could not store is heard twice, which `Flight::ended` absorbs.
 async fn follow_outcomes(
     js: &jetstream::Context,
 ) -> anyhow::Result<(tokio::sync::mpsc::Receiver<Seen>, tokio::task::JoinHandle<()>)> {
-    let stream = js.get_stream(subjects::EVENTS_STREAM).await?;
-    let consumer = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            // Created before the first submission, so nothing of ours is older than it.
-            deliver_policy: consumer::DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("following {}: {e}", subjects::EVENTS_STREAM))?;
-    let mut messages = consumer.messages().await?;
+    let client = js.client();
+    let mut kinds = Vec::with_capacity(TIMED.len());
+    for kind in TIMED {
+        let subject = subjects::events_of_kind(kind);
+        kinds.push(client.subscribe(subject.clone()).await.map_err(|e| anyhow::anyhow!("following {subject}: {e}"))?);
+    }
+    // Subscribed on the server before the first submission, so no end of ours is missed.
+    client.flush().await.map_err(|e| anyhow::anyhow!("following the event log: {e}"))?;
+    // The server sends one connection's messages in the order they were published, and the
+    // merged subscriptions are polled in the order their messages arrive: a task's start (stored
+    // before its end) is seen before its end.
+    let mut messages = futures_util::stream::select_all(kinds);
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let task = tokio::spawn(async move {
         while let Some(message) = messages.next().await {
             let at = Instant::now();
-            // An ordered consumer recreates itself after a reconnect; an error here is a pause.
-            let Ok(message) = message else { continue };
             let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
-            if !is_timed(suffix) {
-                continue;
-            }
             let Ok(event) = Event::read(suffix, &message.payload) else { continue };
             for (workflow_id, what) in outcomes(&event) {
                 if tx.send(Seen { workflow_id, what, at }).await.is_err() {
@@ -591,6 +590,9 @@ struct Flight {
     to_start_ms: Option<f64>,
     /// Tasks not yet ended (`Outcome::TaskEnded`).
     tasks_left: usize,
+    /// The tasks that ended while others had not: a report heard twice (a worker repeats one
+    /// whose store it could not confirm) counts once.
+    ended: Vec<String>,
 }
 
 struct Pipeline {
@@ -639,9 +641,13 @@ impl Pipeline {
                 false
             }
             Outcome::Started { .. } => false,
-            Outcome::TaskEnded => {
+            Outcome::TaskEnded { task_id } => {
+                if flight.ended.contains(&task_id) {
+                    return false;
+                }
                 flight.tasks_left = flight.tasks_left.saturating_sub(1);
                 if flight.tasks_left > 0 {
+                    flight.ended.push(task_id);
                     return false;
                 }
                 self.completed += 1;
@@ -737,7 +743,7 @@ async fn pipeline(
             Some((submitted_at, tasks_left, result)) = submits.next(), if !submits.is_empty() => match result {
                 Ok((workflow_id, _)) => {
                     p.submitted += 1;
-                    let mut flight = Flight { submitted_at, to_start_ms: None, tasks_left };
+                    let mut flight = Flight { submitted_at, to_start_ms: None, tasks_left, ended: Vec::new() };
                     let mut ended = false;
                     for (what, at) in early.remove(&workflow_id).unwrap_or_default() {
                         ended |= p.settle(&mut flight, &workflow_id, what, at);
@@ -753,7 +759,7 @@ async fn pipeline(
             },
             event = seen.recv() => {
                 let Some(Seen { workflow_id, what, at }) = event else {
-                    anyhow::bail!("the event follower stopped; is {} still there?", subjects::EVENTS_STREAM);
+                    anyhow::bail!("the event follower stopped: its connection to NATS closed");
                 };
                 match in_flight.get_mut(&workflow_id) {
                     Some(flight) => {
@@ -1037,28 +1043,6 @@ mod tests {
     use super::*;
     use flowmesh_domain::event::{TaskCompleted, TaskDispatched, TaskRef, TaskSkipped, TaskStarted};
 
-    #[test]
-    fn the_follower_decodes_every_timed_event_whoever_wrote_it_and_nothing_else() {
-        for kind in TIMED {
-            for suffix in
-                [format!("wf-1._.{kind}"), format!("wf-1.wf-1-main.{kind}"), format!("wf-1.wf-1-main.{kind}.w1")]
-            {
-                assert!(is_timed(&suffix), "{suffix}");
-            }
-        }
-        for suffix in [
-            "wf-1.wf-1-main.task.dispatched.w1",
-            "wf-1.wf-1-main.task.updated.w1",
-            "fleet._.worker.joined",
-            "wf-1._.submission.accepted",
-            "wf-1.task.completed",
-            "wf-1",
-            "",
-        ] {
-            assert!(!is_timed(suffix), "{suffix}");
-        }
-    }
-
     fn task(workflow: &str, stage: &str) -> TaskRef {
         TaskRef {
             workflow_id: workflow.into(),
@@ -1099,15 +1083,11 @@ mod tests {
             (
                 "a completion with its start",
                 completed(task("wf-1", "a"), Some("2026-11-26T00:00:00.200Z")),
-                vec![("wf-1", Outcome::Started { before_ms: 50.0 }), ("wf-1", Outcome::TaskEnded)],
+                vec![("wf-1", Outcome::Started { before_ms: 50.0 }), ("wf-1", ended("wf-1-a"))],
             ),
-            (
-                "a completion after a stored start",
-                completed(task("wf-1", "a"), None),
-                vec![("wf-1", Outcome::TaskEnded)],
-            ),
+            ("a completion after a stored start", completed(task("wf-1", "a"), None), vec![("wf-1", ended("wf-1-a"))]),
             ("a stored start", at(started), vec![("wf-2", Outcome::Started { before_ms: 0.0 })]),
-            ("a skipped task", at(skipped), vec![("wf-3", Outcome::TaskEnded)]),
+            ("a skipped task", at(skipped), vec![("wf-3", ended("wf-3-b"))]),
             ("a dispatch is not timed", at(dispatched), vec![]),
         ];
         for (what, event, want) in cases {
@@ -1117,13 +1097,24 @@ mod tests {
         }
     }
 
+    fn ended(task_id: &str) -> Outcome {
+        Outcome::TaskEnded { task_id: task_id.to_owned() }
+    }
+
+    fn flight(submitted_at: Instant, tasks_left: usize) -> Flight {
+        Flight { submitted_at, to_start_ms: None, tasks_left, ended: Vec::new() }
+    }
+
+    /// A workflow completes when each of its tasks has ended once; a report heard twice (a
+    /// worker repeating one it could not confirm stored) is not another task's end.
     #[test]
-    fn a_workflow_completes_at_its_last_task_end() {
+    fn a_workflow_completes_at_its_last_task_end_counting_each_task_once() {
         let now = Instant::now();
         let mut p = Pipeline::new(now);
-        let mut flight = Flight { submitted_at: now, to_start_ms: None, tasks_left: 3 };
-        let ends: Vec<bool> = (0..3).map(|_| p.settle(&mut flight, "wf-1", Outcome::TaskEnded, now)).collect();
-        assert_eq!(ends, [false, false, true]);
+        let mut three = flight(now, 3);
+        let ends: Vec<bool> =
+            ["a", "a", "b", "b", "c"].into_iter().map(|t| p.settle(&mut three, "wf-1", ended(t), now)).collect();
+        assert_eq!(ends, [false, false, false, false, true]);
         assert_eq!((p.completed, p.to_done.len()), (1, 1));
     }
 
@@ -1134,12 +1125,12 @@ mod tests {
         let begin = Instant::now();
         let at = |ms: u64| begin + Duration::from_millis(ms);
         let mut p = Pipeline::new(begin);
-        let mut two_tasks = Flight { submitted_at: at(10), to_start_ms: None, tasks_left: 2 };
+        let mut two_tasks = flight(at(10), 2);
         assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::Started { before_ms: 5.0 }, at(30)));
         assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::Started { before_ms: 0.0 }, at(40)));
-        assert!(!p.settle(&mut two_tasks, "wf-1", Outcome::TaskEnded, at(50)));
-        assert!(p.settle(&mut two_tasks, "wf-1", Outcome::TaskEnded, at(60)));
-        let mut failing = Flight { submitted_at: at(20), to_start_ms: None, tasks_left: 1 };
+        assert!(!p.settle(&mut two_tasks, "wf-1", ended("a"), at(50)));
+        assert!(p.settle(&mut two_tasks, "wf-1", ended("b"), at(60)));
+        let mut failing = flight(at(20), 1);
         assert!(p.settle(&mut failing, "wf-2", Outcome::Failed("rejected".into()), at(25)));
         let want = [
             Sample { submitted_ms: 10.0, to_start_ms: Some(15.0), to_done_ms: Some(50.0) },
