@@ -109,3 +109,51 @@ async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subj
     world.shutdown().await;
     Ok(())
 }
+
+/// A leader that stored a purge record and stopped before its round removed anything: the
+/// router that takes over removes what that record's round names, although none of it is due
+/// by its own kept period, and a report of that workflow that came after the record.
+#[tokio::test]
+async fn a_router_taking_over_removes_what_the_latest_records_round_left_behind() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    world.worker(worker_config(&world, "w1", None)).await?;
+    let config = |instance: &str| {
+        let mut config = router_config(instance);
+        config.keep_ended = Some(Duration::from_secs(3600));
+        config
+    };
+    world.router_with(config("r1")).await?;
+    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    world.wait_workflow_end(&ended).await?;
+    world.status_when("router", |s| s["running_workflows"] == 0 && s["caught_up"] == true).await?;
+    world.stop("r1").await?;
+
+    // What r1 would have stored before removing anything, had its kept period been over.
+    let mut listed = flowmesh_domain::ids::WorkflowIds::default();
+    listed.insert(&ended);
+    let record = flowmesh_domain::EventBody::WorkflowsPurged(flowmesh_domain::event::WorkflowsPurged {
+        workflows: listed.clone(),
+        removing: listed,
+    });
+    let record = flowmesh_domain::Event::new(record, flowmesh_nats::clock::now_rfc3339(), 0);
+    flowmesh_nats::publish::publish_event(&world.handles.js, &record, flowmesh_domain::event::Author::Service).await?;
+    // And a report of the purged workflow after its record (a worker a week late), under an id
+    // of its own so the stream keeps it: it goes too.
+    let mut late = world
+        .events()
+        .into_iter()
+        .find(|e| matches!(&e.body, flowmesh_domain::EventBody::TaskCompleted(c) if c.task.workflow_id == ended))
+        .ok_or_else(|| anyhow::anyhow!("no completion of {ended}"))?;
+    late.id.push_str(".late");
+    flowmesh_nats::publish::publish_event(&world.handles.js, &late, flowmesh_domain::event::Author::Worker("w1"))
+        .await?;
+    assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 4);
+
+    world.router_with(config("r2")).await?;
+    until_gone(&world, &ended).await?;
+    let status = world.status_when("router", |s| s["purged_workflows"] == 1 && s["leader"] == true).await?;
+    assert_eq!(status["instance"], "r2", "{status}");
+    world.shutdown().await;
+    Ok(())
+}

@@ -317,6 +317,12 @@ pub struct WorkerPrewarm {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkflowsPurged {
     pub workflows: crate::ids::WorkflowIds,
+    /// The workflows this record's round removes (within `workflows`). A record is stored only
+    /// once the round of the one before it removed everything it named, so what a router that
+    /// takes over may find left in the log is these, never anything older. Absent in a record
+    /// written before it was: nothing to remove again.
+    #[serde(default, skip_serializing_if = "crate::ids::WorkflowIds::is_empty")]
+    pub removing: crate::ids::WorkflowIds,
 }
 
 /// Declares `EventBody` from one list of `"tag" => Variant(Body)`: the serde tag and `kind()`

@@ -218,6 +218,10 @@ pub struct State {
     /// them all).
     #[serde(default)]
     purged: crate::ids::WorkflowIds,
+    /// What the latest purge record's round removes (`WorkflowsPurged::removing`): the only
+    /// workflows whose events a router taking over may find left behind.
+    #[serde(default)]
+    removing: crate::ids::WorkflowIds,
 }
 
 impl State {
@@ -475,7 +479,10 @@ impl State {
                 self.draining.insert(e.worker_id.clone());
                 Applied::Changed
             }
-            EventBody::WorkflowsPurged(e) => self.purge(&e.workflows),
+            EventBody::WorkflowsPurged(e) => {
+                self.removing = e.removing.clone();
+                self.purge(&e.workflows)
+            }
         }
     }
 
@@ -535,6 +542,11 @@ impl State {
     /// Every workflow purged so far: what the next `workflows.purged` adds its batch to.
     pub fn purged(&self) -> &crate::ids::WorkflowIds {
         &self.purged
+    }
+
+    /// The workflows the latest purge record's round removes (`WorkflowsPurged::removing`).
+    pub fn removing(&self) -> &crate::ids::WorkflowIds {
+        &self.removing
     }
 
     fn insert_workflow(&mut self, workflow: &Workflow, seq: u64, time: &str) {

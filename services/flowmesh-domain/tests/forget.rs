@@ -226,15 +226,22 @@ fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_work
     state.forget_ended();
     assert_eq!(state.due_for_purge(ms(4), 100), ["wf-1", "wf-4", "wf-2", "wf-5"]);
 
-    // The record of a purge takes them out of what is due, and survives a checkpoint.
-    let record = EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1", "wf-2", "wf-4"]) });
-    assert_eq!(apply_at(&mut state, record, &at(5, 0)), Applied::Changed);
+    // The record of a purge takes them out of what is due, and survives a checkpoint. The
+    // fold keeps what the latest record's round removes, and only that: each record is stored
+    // once the round before it removed all it named.
+    let record = |all: &[&str], removing: &[&str]| {
+        EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(all), removing: ids(removing) })
+    };
+    assert_eq!(apply_at(&mut state, record(&["wf-1", "wf-2"], &["wf-1", "wf-2"]), &at(5, 0)), Applied::Changed);
+    assert_eq!(apply_at(&mut state, record(&["wf-1", "wf-2", "wf-4"], &["wf-4"]), &at(5, 1)), Applied::Changed);
     assert_eq!(state.due_for_purge(ms(60), 100), ["wf-5"]);
+    assert_eq!(state.removing(), &ids(&["wf-4"]));
     let mut json = serde_json::to_value(&state).unwrap();
     let restored: State = serde_json::from_value(json.clone()).unwrap();
     assert_eq!(restored, state);
     assert_eq!(restored.due_for_purge(ms(60), 100), ["wf-5"]);
     assert!(restored.purged().contains("wf-4") && !restored.purged().contains("wf-5"));
+    assert_eq!(restored.removing(), &ids(&["wf-4"]));
     // A checkpoint from before retention knows no ends: it does not read, and the log is replayed.
     json.as_object_mut().unwrap().remove("unpurged");
     assert!(serde_json::from_value::<State>(json).is_err());
@@ -251,7 +258,7 @@ fn a_reader_that_took_part_of_a_purged_workflow_drops_it_at_the_record() {
     apply(&mut behind, accepted(2));
     assert_eq!(behind.task("wf-1-a").map(|t| t.status), Some(TaskStatus::Dispatched));
     assert!(behind.workers_holding_tasks().contains("w1"));
-    let record = EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]) });
+    let record = EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]), removing: ids(&["wf-1"]) });
     assert_eq!(apply(&mut behind, record), Applied::Changed);
     assert!(behind.workflow("wf-1").is_none() && behind.task("wf-1-a").is_none());
     assert_eq!(behind.running_workflows().map(|wf| wf.workflow_id.as_str()).collect::<Vec<_>>(), ["wf-2"]);
@@ -264,7 +271,10 @@ fn a_reader_that_took_part_of_a_purged_workflow_drops_it_at_the_record() {
     // A reader that starts after the purge sees only the record, and agrees.
     let mut fresh = State::default();
     apply(&mut fresh, accepted(2));
-    apply(&mut fresh, EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]) }));
+    apply(
+        &mut fresh,
+        EventBody::WorkflowsPurged(WorkflowsPurged { workflows: ids(&["wf-1"]), removing: ids(&["wf-1"]) }),
+    );
     assert_eq!(fresh.running_workflows().count(), 1);
     assert_eq!(apply(&mut fresh, accepted(1)), Applied::Ignored("workflow already decided"));
     assert_eq!(fresh.decided_workflows(), behind.decided_workflows());

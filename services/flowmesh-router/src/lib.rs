@@ -114,6 +114,10 @@ impl Seqs {
     fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.first.iter().take(self.len).chain(&self.more).copied()
     }
+
+    fn copy(&self) -> Seqs {
+        Seqs { first: self.first, len: self.len, more: self.more.clone() }
+    }
 }
 
 /// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
@@ -212,6 +216,15 @@ struct Router {
     /// The stream sequences of the purge records folded and not yet deleted; all but the last
     /// are stale (the latest lists everything).
     record_seqs: Vec<u64>,
+    /// The sequences this router knew of the workflows the latest purge record's round removes
+    /// (`State::removing`): what it removes again if it takes over from the leader that stored
+    /// the record, which may have stopped halfway.
+    in_doubt: std::collections::HashMap<u64, Seqs>,
+    /// Events of workflows already purged that came after their record (a report a week late):
+    /// deleted by the leader's next round. At most `PURGE_BATCH` kept.
+    late: Vec<u64>,
+    /// The latest record's round was taken up again since this router took the lease.
+    removal_resumed: bool,
 }
 
 /// Runs until `shutdown` fires.
@@ -267,6 +280,9 @@ pub async fn run(
         purging: None,
         purge_again: Vec::new(),
         event_seqs: std::collections::HashMap::new(),
+        in_doubt: std::collections::HashMap::new(),
+        late: Vec::new(),
+        removal_resumed: false,
         record_seqs: Vec::new(),
     };
     // Snapshots already in the bucket were received before this router ran: their age comes from
@@ -390,8 +406,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Removes each workflow's events, `PURGES_IN_FLIGHT` workflows at once, and the stale purge
-/// records. Returns the workflows it could not remove, to try again next round.
+/// Removes each workflow's events, `PURGES_IN_FLIGHT` workflows at once, and single messages
+/// (stale purge records, late events of purged workflows). Returns the workflows it could not
+/// remove, to try again next round.
 ///
 /// One message at a time, by its sequence: a purge request makes the server recount what every
 /// consumer of the log has pending, and the workers' dispatch consumers, whose filters have
@@ -403,7 +420,7 @@ async fn purge_workflows(
     js: jetstream::Context,
     log: jetstream::stream::Stream,
     work: Vec<Purge>,
-    stale_records: Vec<u64>,
+    singles: Vec<u64>,
 ) -> Vec<Purge> {
     let started = std::time::Instant::now();
     let (js, log) = (&js, &log);
@@ -442,9 +459,9 @@ async fn purge_workflows(
             }
         }
     }
-    for seq in stale_records {
+    for seq in singles {
         if let Err(e) = flowmesh_nats::retention::delete_event(js, seq).await {
-            warn!(seq, error = %e, "could not delete a stale purge record");
+            warn!(seq, error = %e, "could not delete a stale purge record or a late event");
         }
     }
     metrics::counter!("flowmesh_router_purged_workflows_total").increment(workflows);
@@ -515,11 +532,25 @@ impl Router {
         let Some(workflow) = body.workflow().and_then(ids::submission_seq) else {
             if let EventBody::WorkflowsPurged(record) = body {
                 self.record_seqs.push(seq);
-                // What another router purged is no longer this one's to follow.
-                self.event_seqs.retain(|&n, _| !record.workflows.contains_seq(n));
+                // What another router purged is no longer this one's to follow. What its round
+                // removes is kept aside until the next record says that round finished.
+                self.in_doubt.clear();
+                let in_doubt = &mut self.in_doubt;
+                self.event_seqs.retain(|&n, seqs| {
+                    if record.removing.contains_seq(n) {
+                        in_doubt.insert(n, std::mem::take(seqs));
+                    }
+                    !record.workflows.contains_seq(n)
+                });
             }
             return;
         };
+        if self.state.purged().contains_seq(workflow) {
+            if self.late.len() < PURGE_BATCH {
+                self.late.push(seq);
+            }
+            return;
+        }
         match body {
             EventBody::SubmissionAccepted(_) | EventBody::SubmissionRejected(_) => {
                 self.event_seqs.entry(workflow).or_default().push(seq)
@@ -612,6 +643,13 @@ impl Router {
     /// point of the log it started from. Then the purges go out off the loop, and the older
     /// records with them (the latest lists everything). Only the leader purges, and only with
     /// its fold whole.
+    ///
+    /// A record is stored only once the round before it removed everything it named: while
+    /// some removal fails, rounds retry it and add nothing. So a router that takes the lease
+    /// finds left behind at most what the latest record's round removes (`State::removing`), and
+    /// removes that again first (a message already gone counts as removed), by sequence where
+    /// it followed the workflow and by subjects where it did not. Events of a purged workflow
+    /// that came after its record go too (`late`).
     async fn purge_ended(&mut self, log: &jetstream::stream::Stream, now_ms: u64) {
         let Some(keep) = self.config.keep_ended else { return };
         if !self.leader || !self.caught_up() || self.purging.as_ref().is_some_and(|p| !p.is_finished()) {
@@ -623,19 +661,45 @@ impl Router {
                 Err(e) => warn!(error = %e, "a purge round panicked"),
             }
         }
-        let due = self.state.due_for_purge(now_ms.saturating_sub(keep.as_millis() as u64), PURGE_BATCH);
+        if !std::mem::replace(&mut self.removal_resumed, true) {
+            let mut in_doubt = std::mem::take(&mut self.in_doubt);
+            let again: Vec<Purge> = self
+                .state
+                .removing()
+                .iter()
+                .map(|workflow| {
+                    let seqs = ids::submission_seq(&workflow).and_then(|n| in_doubt.remove(&n));
+                    Purge { workflow, seqs }
+                })
+                .collect();
+            if !again.is_empty() {
+                info!(workflows = again.len(), "removing again what the latest purge record's round removes");
+                self.purge_again.extend(again);
+            }
+        }
         let mut work = std::mem::take(&mut self.purge_again);
+        let due = if work.is_empty() {
+            self.state.due_for_purge(now_ms.saturating_sub(keep.as_millis() as u64), PURGE_BATCH)
+        } else {
+            Vec::new()
+        };
         if !due.is_empty() {
             let mut record = self.state.purged().clone();
-            due.iter().for_each(|id| record.insert(id));
-            let body = EventBody::WorkflowsPurged(flowmesh_domain::event::WorkflowsPurged { workflows: record });
+            let mut removing = flowmesh_domain::ids::WorkflowIds::default();
+            due.iter().for_each(|id| {
+                record.insert(id);
+                removing.insert(id);
+            });
+            let body =
+                EventBody::WorkflowsPurged(flowmesh_domain::event::WorkflowsPurged { workflows: record, removing });
             if let Err(e) = self.publish_all(vec![body]).await {
                 warn!(error = %e, workflows = due.len(), "could not store a purge record; purging nothing this round");
                 self.purge_again = work;
                 return;
             }
             work.extend(due.into_iter().map(|workflow| {
-                let seqs = ids::submission_seq(&workflow).and_then(|n| self.event_seqs.remove(&n));
+                // Copied: the record's fold moves them aside (`in_doubt`) until the next record.
+                let seqs = ids::submission_seq(&workflow).and_then(|n| self.event_seqs.get(&n)).map(Seqs::copy);
                 Purge { workflow, seqs }
             }));
         }
@@ -644,9 +708,10 @@ impl Router {
             self.event_seqs.shrink_to_fit();
         }
         let stale = self.record_seqs.len().saturating_sub(1);
-        let stale_records: Vec<u64> = self.record_seqs.drain(..stale).collect();
-        if !work.is_empty() || !stale_records.is_empty() {
-            let round = purge_workflows(self.handles.js.clone(), log.clone(), work, stale_records);
+        let mut singles: Vec<u64> = self.record_seqs.drain(..stale).collect();
+        singles.append(&mut self.late);
+        if !work.is_empty() || !singles.is_empty() {
+            let round = purge_workflows(self.handles.js.clone(), log.clone(), work, singles);
             self.purging = Some(tokio::spawn(round));
         }
     }
@@ -747,6 +812,7 @@ impl Router {
                 self.leader = true;
                 self.resent_after_takeover = false;
                 self.departures_read = false;
+                self.removal_resumed = false;
             }
             Ok(false) if self.leader => {
                 warn!(instance = %self.config.instance, "lost the router lease; standing by");
