@@ -95,7 +95,7 @@ struct Purge {
 /// three), more on the heap. With a vector each, removing a burst's 220,000 workflows freed as
 /// many small allocations at once, and the services then spent 6-13% more CPU per workflow,
 /// much of it in glibc's `unlink_chunk` and `malloc_consolidate` (BENCHMARKS, "Fifteenth round").
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Seqs {
     first: [u64; 4],
     len: usize,
@@ -113,10 +113,6 @@ impl Seqs {
 
     fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.first.iter().take(self.len).chain(&self.more).copied()
-    }
-
-    fn copy(&self) -> Seqs {
-        Seqs { first: self.first, len: self.len, more: self.more.clone() }
     }
 }
 
@@ -454,7 +450,7 @@ async fn purge_workflows(
                 messages += count;
             }
             Err(e) => {
-                warn!(workflow = %purge.workflow, error = %e, "could not remove a workflow's events; trying again next round");
+                warn!(workflow = %purge.workflow, error = %e, "could not remove a workflow's events; trying again next round, and purging nothing new until it is removed");
                 failed.push(purge);
             }
         }
@@ -699,7 +695,7 @@ impl Router {
             }
             work.extend(due.into_iter().map(|workflow| {
                 // Copied: the record's fold moves them aside (`in_doubt`) until the next record.
-                let seqs = ids::submission_seq(&workflow).and_then(|n| self.event_seqs.get(&n)).map(Seqs::copy);
+                let seqs = ids::submission_seq(&workflow).and_then(|n| self.event_seqs.get(&n)).cloned();
                 Purge { workflow, seqs }
             }));
         }
