@@ -161,7 +161,7 @@ async fn a_worker_killed_in_the_middle_of_a_group_commit_loses_nothing_and_rerun
         .enumerate()
         .map(|(i, wf)| (wf.clone(), if i == 0 { "alone".to_owned() } else { format!("t{}", i - 1) }))
         .collect();
-    let name = |e: &flowmesh_domain::Event| names.get(&e.body.scope().0).cloned().unwrap_or_default();
+    let name = |e: &flowmesh_domain::Event| names.get(e.body.scope().0).cloned().unwrap_or_default();
     world
         .wait_for("eight tasks running", |events| {
             events.iter().filter(|e| matches!(e.body, EventBody::TaskStarted(_)) && name(e).starts_with('t')).count()

@@ -420,26 +420,24 @@ impl EventBody {
     }
 
     /// (workflow token, task token) of the subject `flowmesh.events.<workflow>.<task>.<type>`.
-    pub fn scope(&self) -> (String, String) {
+    pub fn scope(&self) -> (&str, &str) {
         if let Some(task) = self.task() {
-            return (task.workflow_id.clone(), task.task_id.clone());
+            return (&task.workflow_id, &task.task_id);
         }
         match self {
-            EventBody::SubmissionAccepted(e) => (e.workflow_id.clone(), NO_SCOPE.into()),
-            EventBody::SubmissionRejected(e) => (e.workflow_id.clone(), NO_SCOPE.into()),
-            EventBody::TaskCancelRequested(e) => {
-                (e.workflow_id.clone(), e.task_id.clone().unwrap_or_else(|| NO_SCOPE.into()))
-            }
+            EventBody::SubmissionAccepted(e) => (&e.workflow_id, NO_SCOPE),
+            EventBody::SubmissionRejected(e) => (&e.workflow_id, NO_SCOPE),
+            EventBody::TaskCancelRequested(e) => (&e.workflow_id, e.task_id.as_deref().unwrap_or(NO_SCOPE)),
             EventBody::WorkflowCompleted(e) | EventBody::WorkflowFailed(e) | EventBody::WorkflowCancelled(e) => {
-                (e.workflow_id.clone(), NO_SCOPE.into())
+                (&e.workflow_id, NO_SCOPE)
             }
-            EventBody::WorkerJoined(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
-            EventBody::WorkerLost(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
+            EventBody::WorkerJoined(e) => (FLEET_SCOPE, &e.worker_id),
+            EventBody::WorkerLost(e) => (FLEET_SCOPE, &e.worker_id),
             EventBody::WorkerCordoned(e) | EventBody::WorkerUncordoned(e) | EventBody::WorkerDrainRequested(e) => {
-                (FLEET_SCOPE.into(), e.worker_id.clone())
+                (FLEET_SCOPE, &e.worker_id)
             }
-            EventBody::WorkerPrewarmRequested(e) => (FLEET_SCOPE.into(), e.worker_id.clone()),
-            _ => (NO_SCOPE.into(), NO_SCOPE.into()),
+            EventBody::WorkerPrewarmRequested(e) => (FLEET_SCOPE, &e.worker_id),
+            _ => (NO_SCOPE, NO_SCOPE),
         }
     }
 
@@ -676,13 +674,37 @@ impl Event {
             };
             return Err(Unreadable::WrongAuthor { kind, author });
         }
-        let expected = event.subject_suffix(author);
-        // A dispatch stored before dispatches named their worker in the subject.
-        let legacy_dispatch = matches!(event.body, EventBody::TaskDispatched(_))
-            && expected.rsplit_once('.').is_some_and(|(without_worker, _)| without_worker == subject_suffix);
-        if expected != subject_suffix && !legacy_dispatch {
+        if !event.written_on(author, subject_suffix) {
+            let expected = event.subject_suffix(author);
             return Err(Unreadable::SubjectMismatch { expected, found: subject_suffix.to_owned() });
         }
         Ok(event)
+    }
+
+    /// Whether `subject_suffix` is where `author` writes this event (`subject_suffix`), without
+    /// spelling it: every reader checks every event it folds. A dispatch stored before dispatches
+    /// named their worker in the subject is read without the worker's token.
+    fn written_on(&self, author: Author<'_>, subject_suffix: &str) -> bool {
+        let (workflow, task) = self.body.scope();
+        let last = match (author, &self.body) {
+            (Author::Service, EventBody::TaskDispatched(d)) => Some(d.worker_id.as_str()),
+            (Author::Service, _) => None,
+            (Author::Worker(worker), _) => Some(worker),
+        };
+        fn token<'a>(rest: &'a str, part: &str) -> Option<&'a str> {
+            rest.strip_prefix(part)?.strip_prefix('.')
+        }
+        let Some(after_kind) = token(subject_suffix, workflow)
+            .and_then(|rest| token(rest, task))
+            .and_then(|rest| rest.strip_prefix(self.body.kind()))
+        else {
+            return false;
+        };
+        match (after_kind, last) {
+            ("", None) => true,
+            ("", Some(_)) => matches!((author, &self.body), (Author::Service, EventBody::TaskDispatched(_))),
+            (rest, Some(last)) => rest.strip_prefix('.') == Some(last),
+            (_, None) => false,
+        }
     }
 }

@@ -35,8 +35,20 @@ impl std::fmt::Display for Problem {
 
 /// Appends a token to a JSON pointer, escaping `~` and `/` as RFC 6901 requires.
 pub fn push(path: &str, token: impl std::fmt::Display) -> String {
-    let token = token.to_string().replace('~', "~0").replace('/', "~1");
-    if path == "/" { format!("/{token}") } else { format!("{path}/{token}") }
+    use std::fmt::Write;
+    let mut out = String::with_capacity(path.len() + 16);
+    if path != "/" {
+        out.push_str(path);
+    }
+    out.push('/');
+    let start = out.len();
+    write!(out, "{token}").expect("writing to a String");
+    if out[start..].contains(['~', '/']) {
+        let escaped = out[start..].replace('~', "~0").replace('/', "~1");
+        out.truncate(start);
+        out.push_str(&escaped);
+    }
+    out
 }
 
 /// Problems a rejection lists; the rest are counted.
@@ -75,6 +87,23 @@ fn cut(text: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_appended_to_a_pointer_escaped_as_rfc_6901_says() {
+        for (path, token, want) in [
+            ("/", "spec", "/spec"),
+            ("", "spec", "/spec"),
+            ("/spec", "stages", "/spec/stages"),
+            ("/spec/stages", "3", "/spec/stages/3"),
+            ("/spec", "a/b", "/spec/a~1b"),
+            ("/spec", "~x", "/spec/~0x"),
+            ("/spec", "~/", "/spec/~0~1"),
+            ("/spec", "", "/spec/"),
+        ] {
+            assert_eq!(push(path, token), want, "{path} + {token:?}");
+        }
+        assert_eq!(push("/items", 12), "/items/12");
+    }
 
     #[test]
     fn a_rejection_lists_a_bounded_number_of_bounded_problems() {

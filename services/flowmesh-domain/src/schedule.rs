@@ -181,8 +181,8 @@ impl Requests {
         let (workflow, _) = event.scope();
         if workflow == FLEET_SCOPE {
             self.whole = true;
-        } else if workflow != NO_SCOPE {
-            self.touched.insert(workflow);
+        } else if workflow != NO_SCOPE && !self.touched.contains(workflow) {
+            self.touched.insert(workflow.to_owned());
         }
     }
 

@@ -57,18 +57,44 @@ pub fn contains_placeholder(value: &Value) -> bool {
     }
 }
 
-/// Calls `visit(pointer, placeholder)` for every placeholder in `value`; pointers are relative.
+/// Calls `visit(pointer, placeholder)` for every placeholder in `value`; pointers are relative
+/// to `pointer`. A pointer is spelt only where a placeholder is: a spec is walked at every
+/// submission, and most of its strings hold none.
 pub fn walk(value: &Value, pointer: &str, visit: &mut dyn FnMut(&str, &Placeholder)) {
+    walk_below(value, pointer, &mut Vec::new(), visit);
+}
+
+/// One step of a pointer: an array index or an object key.
+enum Step<'a> {
+    Index(usize),
+    Key(&'a str),
+}
+
+fn walk_below<'a>(value: &'a Value, base: &str, steps: &mut Vec<Step<'a>>, visit: &mut dyn FnMut(&str, &Placeholder)) {
     match value {
-        Value::String(s) => placeholders(s).iter().for_each(|p| visit(pointer, p)),
+        Value::String(s) => {
+            let found = placeholders(s);
+            if found.is_empty() {
+                return;
+            }
+            let pointer = steps.iter().fold(base.to_owned(), |pointer, step| match step {
+                Step::Index(i) => crate::problem::push(&pointer, i),
+                Step::Key(key) => crate::problem::push(&pointer, key),
+            });
+            found.iter().for_each(|p| visit(&pointer, p));
+        }
         Value::Array(items) => {
             for (i, item) in items.iter().enumerate() {
-                walk(item, &crate::problem::push(pointer, i), visit);
+                steps.push(Step::Index(i));
+                walk_below(item, base, steps, visit);
+                steps.pop();
             }
         }
         Value::Object(map) => {
             for (key, item) in map {
-                walk(item, &crate::problem::push(pointer, key), visit);
+                steps.push(Step::Key(key));
+                walk_below(item, base, steps, visit);
+                steps.pop();
             }
         }
         _ => {}
@@ -161,6 +187,25 @@ mod tests {
             found[1],
             Placeholder { stage: "up".into(), path: vec!["items".into(), "0".into(), "output".into()] }
         );
+    }
+
+    #[test]
+    fn walk_names_each_placeholder_with_its_pointer() {
+        let spec = json!({
+            "plain": "no placeholder",
+            "model": {"path": "${train.final_model_archive}"},
+            "items": ["a", "${up.items[0].output} and ${up.task_id}"],
+            "a/b": "${train.epochs}",
+        });
+        let mut seen = Vec::new();
+        walk(&spec, "/spec", &mut |pointer, p| seen.push((pointer.to_owned(), p.stage.clone())));
+        seen.sort();
+        let want =
+            [("/spec/a~1b", "train"), ("/spec/items/1", "up"), ("/spec/items/1", "up"), ("/spec/model/path", "train")];
+        assert_eq!(seen, want.map(|(p, s)| (p.to_owned(), s.to_owned())));
+        let mut none = 0;
+        walk(&json!({"a": ["b", {"c": "d"}], "e": 1}), "", &mut |_, _| none += 1);
+        assert_eq!(none, 0);
     }
 
     #[test]

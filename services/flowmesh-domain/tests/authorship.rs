@@ -167,6 +167,44 @@ fn a_body_is_believed_only_where_its_subject_agrees() {
         ),
         ("over the size limit", format!("{s}.w1"), vec![b' '; MAX_EVENT_BYTES + 1], Err("too large")),
         ("no subject at all", String::new(), json(&dispatched()), Err("subject mismatch")),
+        // Tokens are compared whole: an id that begins like the body's is another id.
+        (
+            "a workflow whose id begins with the body's",
+            "wf-10._.workflow.completed".into(),
+            json(&workflow_completed("wf-1")),
+            Err("subject mismatch"),
+        ),
+        (
+            "a task whose id begins with the body's",
+            "wf-1.wf-1-mainx.task.started.w1".into(),
+            json(&started("w1")),
+            Err("subject mismatch"),
+        ),
+        (
+            "a kind that begins with the body's",
+            "wf-1.wf-1-main.task.startedx.w1".into(),
+            json(&started("w1")),
+            Err("subject mismatch"),
+        ),
+        ("a worker whose id begins with the report's", format!("{s}.w10"), json(&started("w1")), Err("wrong author")),
+        (
+            "a dispatch to a worker whose id begins with its own",
+            "wf-1.wf-1-main.task.dispatched.w10".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        (
+            "a token after a dispatch's worker",
+            "wf-1.wf-1-main.task.dispatched.w1.x".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        (
+            "a service's event with the tokens out of order",
+            "wf-1-main.wf-1.task.dispatched.w1".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
     ];
     for (what, suffix, payload, want) in cases {
         assert_eq!(check(&suffix, &payload), want, "{what}");
