@@ -129,9 +129,15 @@ fn main() {
     let typical =
         std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/valid/sft_then_inference.yaml")).unwrap();
     let large = large_workflow(200).into_bytes();
+    let single = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/valid/echo.yaml")).unwrap();
+    assert!(validate_submission(&single, "wf-1").is_ok());
     assert!(validate_submission(&typical, "wf-1").is_ok());
     assert!(validate_submission(&large, "wf-1").is_ok(), "{:?}", validate_submission(&large, "wf-1").err());
-    for (name, doc) in [("typical (sft_then_inference.yaml)", &typical), ("large (200 stages)", &large)] {
+    for (name, doc) in [
+        ("single task (echo.yaml)", &single),
+        ("typical (sft_then_inference.yaml)", &typical),
+        ("large (200 stages)", &large),
+    ] {
         let full = rate(budget, || {
             black_box(validate_submission(black_box(doc), "wf-1").is_ok());
             1
