@@ -19,7 +19,9 @@
 //!
 //! The file is one JSON record per line. When it holds many more records than it has to, it is
 //! rewritten (compaction): the reports still owed, and the ids of the last `Limits::reported`
-//! reports the stream stored, which answer a redelivered order of a task already reported.
+//! reports the stream stored, which answer a redelivered order of a task already reported. The
+//! rewrite runs on the sync thread and reads the file itself, not the writers' memory: writers
+//! wait only while what they wrote meanwhile is copied and the new file renamed into place.
 
 use flowmesh_domain::Event;
 use serde::{Deserialize, Serialize};
@@ -89,6 +91,10 @@ struct Log {
     records: usize,
     /// "Reported" notes not yet in the file: whole lines, written before the next record.
     unwritten: Vec<u8>,
+    /// The file holds many more records than it has to: the sync thread rewrites it.
+    compact_due: bool,
+    /// A rewrite has started and not yet been installed or given up.
+    rewriting: bool,
 }
 
 fn key(task_id: &str, attempt: u32) -> String {
@@ -114,8 +120,10 @@ impl Journal {
             reported_order: VecDeque::new(),
             records: 0,
             unwritten: Vec::new(),
+            compact_due: false,
+            rewriting: false,
         };
-        let good = log.replay(&mut file)?;
+        let good = log.replay(&mut file, u64::MAX)?;
         if good < file.metadata()?.len() {
             // A record cut short by a power loss (a `kill -9` cannot cut a write): the lines
             // after the last whole one are dropped so the next record starts on a line of its own.
@@ -166,9 +174,20 @@ impl Journal {
         self.dirty.store(true, Ordering::SeqCst);
         log.mark_reported(record.key);
         if log.records > 2 * (log.owed.len() + log.limits.reported) {
-            log.compact()?;
+            log.compact_due = true;
         }
         Ok(())
+    }
+
+    /// Rewrites the file when `reported` found it due; the sync thread calls it. Returns whether
+    /// it did. See `Rewrite` for what runs under the lock and what does not.
+    pub fn compact_if_due(&self) -> std::io::Result<bool> {
+        let Some(rewrite) = Rewrite::start(&self.log)? else { return Ok(false) };
+        let done = rewrite.write().and_then(|rewrite| rewrite.install(&self.log, &self.dirty));
+        if done.is_err() {
+            self.log.lock().expect("journal lock").rewriting = false;
+        }
+        done.map(|()| true)
     }
 
     /// Reports that were written but not yet stored by the stream.
@@ -188,6 +207,10 @@ impl Journal {
             let (Some(log), Some(dirty)) = (log.upgrade(), dirty.upgrade()) else { return false };
             if let Err(e) = sync(&log, &dirty) {
                 tracing::warn!(error = %e, "journal sync failed; retrying at the next interval");
+            }
+            let journal = Journal { log, dirty };
+            if let Err(e) = journal.compact_if_due() {
+                tracing::warn!(error = %e, "journal rewrite failed; the journal is whole, retrying at the next interval");
             }
             true
         };
@@ -255,10 +278,11 @@ fn sync(log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
 }
 
 impl Log {
-    /// Reads the file's records into memory; returns the length of its whole lines.
-    fn replay(&mut self, file: &mut File) -> std::io::Result<u64> {
+    /// Reads the file's records (its first `upto` bytes) into memory; returns the length of its
+    /// whole lines.
+    fn replay(&mut self, file: &mut File, upto: u64) -> std::io::Result<u64> {
         file.rewind()?;
-        let mut reader = BufReader::new(&*file);
+        let mut reader = BufReader::new(std::io::Read::take(&*file, upto));
         let (mut line, mut good) = (Vec::new(), 0u64);
         loop {
             line.clear();
@@ -314,37 +338,113 @@ impl Log {
             self.reported.remove(&oldest);
         }
     }
+}
 
-    /// Rewrites the file with only what is remembered: a new file, synced, then renamed over the
-    /// old one, so a crash at any point leaves one whole journal.
-    fn compact(&mut self) -> std::io::Result<()> {
-        let fresh = self.path.with_extension("compacting");
-        // Left by a compaction cut short: never renamed, so never the journal.
-        let _ = std::fs::remove_file(&fresh);
+/// A rewrite of the journal: its file read back up to a known length, as a fresh open would read
+/// it, and what that remembers (the reports still owed, the newest reported ids) written to
+/// `<path>.compacting`, synced, and renamed over the journal. Reading and writing happen off the
+/// lock, on the sync thread; so does copying what writers appended meanwhile, but for the last
+/// few lines, which are copied under the lock just before the rename. A crash at any point leaves
+/// one whole journal: before the rename the old file holds everything, after it the new one does
+/// (its copied tail, like any record, is on disk within a sync interval).
+struct Rewrite {
+    path: PathBuf,
+    limits: Limits,
+    /// The journal's file, read through its own handle.
+    source: File,
+    /// How much of `source` is in `fresh`.
+    copied: u64,
+    /// `<path>.compacting`, once written, and the records it holds.
+    fresh: Option<(File, usize)>,
+}
+
+impl Rewrite {
+    /// A rewrite of the file as it is now, if one is due.
+    fn start(log: &Mutex<Log>) -> std::io::Result<Option<Rewrite>> {
+        let mut log = log.lock().expect("journal lock");
+        if !log.compact_due || log.rewriting {
+            return Ok(None);
+        }
+        let source = log.file.try_clone()?;
+        let copied = source.metadata()?.len();
+        log.rewriting = true;
+        Ok(Some(Rewrite { path: log.path.clone(), limits: log.limits, source, copied, fresh: None }))
+    }
+
+    /// Off the lock: reads the file up to where `start` found it, writes what that remembers to
+    /// the new file and syncs it, then copies what was appended since.
+    fn write(mut self) -> std::io::Result<Rewrite> {
+        let mut read = Log {
+            path: self.path.clone(),
+            file: self.source.try_clone()?,
+            limits: self.limits,
+            owed: HashMap::new(),
+            reported: HashSet::new(),
+            reported_order: VecDeque::new(),
+            records: 0,
+            unwritten: Vec::new(),
+            compact_due: false,
+            rewriting: false,
+        };
+        let mut source = self.source.try_clone()?;
+        read.replay(&mut source, self.copied)?;
+        let path = self.path.with_extension("compacting");
+        // Left by a rewrite cut short: never renamed, so never the journal.
+        let _ = std::fs::remove_file(&path);
         // Opened for appending, this handle is the journal's own once renamed: no reopening
         // after the rename, which could fail and leave appends going to the old file.
-        let mut out = std::io::BufWriter::new(OpenOptions::new().create_new(true).append(true).open(&fresh)?);
+        let mut out = std::io::BufWriter::new(OpenOptions::new().create_new(true).read(true).append(true).open(&path)?);
         let mut records = 0;
-        for (key, event) in &self.owed {
+        for (key, event) in &read.owed {
             serde_json::to_writer(&mut out, &Record { key: key.clone(), event: Some(event.clone()) })?;
             out.write_all(b"\n")?;
             records += 1;
         }
-        for key in &self.reported_order {
+        for key in &read.reported_order {
             serde_json::to_writer(&mut out, &Record { key: key.clone(), event: None })?;
             out.write_all(b"\n")?;
             records += 1;
         }
-        let file = out.into_inner().map_err(|e| e.into_error())?;
+        let mut file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
-        std::fs::rename(&fresh, &self.path)?;
+        // What writers appended while the file was read and written, most of it off the lock.
+        let end = self.source.metadata()?.len();
+        records += self.copy_tail(&mut file, end)?;
+        self.fresh = Some((file, records));
+        Ok(self)
+    }
+
+    /// Appends `source`'s bytes from `copied` to `end` to `fresh`; returns how many lines they hold.
+    fn copy_tail(&mut self, fresh: &mut File, end: u64) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let mut tail = vec![0; end.saturating_sub(self.copied) as usize];
+        self.source.read_exact_at(&mut tail, self.copied)?;
+        fresh.write_all(&tail)?;
+        self.copied = end;
+        Ok(tail.iter().filter(|&&b| b == b'\n').count())
+    }
+
+    /// Under the lock: copies the last lines appended, renames the new file over the journal and
+    /// writes to it from now on. Then, off the lock, makes the rename durable.
+    fn install(mut self, log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
+        let (mut file, records) = self.fresh.take().expect("written before it is installed");
+        {
+            let mut log = log.lock().expect("journal lock");
+            let end = log.file.metadata()?.len();
+            let last = self.copy_tail(&mut file, end)?;
+            std::fs::rename(self.path.with_extension("compacting"), &self.path)?;
+            log.file = file;
+            // The notes not yet written go to the new file with its next record.
+            let waiting = log.unwritten.iter().filter(|&&b| b == b'\n').count();
+            log.records = records + last + waiting;
+            log.compact_due = false;
+            log.rewriting = false;
+        }
+        // The copied tail reaches the disk with the next sync.
+        dirty.store(true, Ordering::SeqCst);
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
-        self.file = file;
-        self.records = records;
-        // The notes not yet written are in the new file: it holds every remembered id.
-        self.unwritten.clear();
         Ok(())
     }
 }
@@ -464,8 +564,12 @@ mod tests {
             journal.finish(&id, 1, &end(&id)).unwrap();
             journal.reported(&id, 1).unwrap();
         }
-        // 81 records written; the file is rewritten whenever it passes 2 × (1 owed + 4 reported).
+        // 81 records written: past 2 × (1 owed + 4 reported) a rewrite is due, which the sync
+        // thread does (here, by hand).
+        assert_eq!(lines(&path), 80, "the last note waits for the next record");
+        assert!(journal.compact_if_due().unwrap());
         assert!(lines(&path) <= 10, "compacted: {} lines", lines(&path));
+        assert!(!journal.compact_if_due().unwrap(), "nothing more is due");
         drop(journal);
         let again = Journal::open_with(&path, small(4)).unwrap();
         assert_eq!(again.unreported(), vec![end("owed")]);
@@ -474,6 +578,39 @@ mod tests {
             assert_eq!(again.get(&format!("t{i}"), 1), expected, "t{i}");
         }
         assert_eq!(again.get("stale", 1), None);
+    }
+
+    /// Writers go on while the file is rewritten off the lock: what they write before the file is
+    /// read back, while the new one is written, and after it is in place all stays, and a
+    /// task reported meanwhile is no longer owed.
+    #[test]
+    fn what_is_written_during_a_rewrite_stays() {
+        let (_dir, path, journal) = fresh(4);
+        journal.finish("owed", 1, &end("owed")).unwrap();
+        for i in 0..40 {
+            let id = format!("t{i}");
+            journal.finish(&id, 1, &end(&id)).unwrap();
+            journal.reported(&id, 1).unwrap();
+        }
+        let rewrite = Rewrite::start(&journal.log).unwrap().expect("due");
+        assert!(Rewrite::start(&journal.log).unwrap().is_none(), "one rewrite at a time");
+        journal.finish("before-read", 1, &end("before-read")).unwrap();
+        let rewrite = rewrite.write().unwrap();
+        journal.finish("before-rename", 1, &end("before-rename")).unwrap();
+        journal.reported("owed", 1).unwrap();
+        journal.finish("t-other", 1, &end("t-other")).unwrap();
+        rewrite.install(&journal.log, &journal.dirty).unwrap();
+        journal.finish("after", 1, &end("after")).unwrap();
+        assert!(lines(&path) <= 12, "rewritten: {} lines", lines(&path));
+        drop(journal);
+
+        let again = Journal::open_with(&path, small(4)).unwrap();
+        let mut owed: Vec<String> = again.unreported().iter().map(|e| e.body.task().unwrap().task_id.clone()).collect();
+        owed.sort();
+        assert_eq!(owed, ["after", "before-read", "before-rename", "t-other"]);
+        assert_eq!(again.get("owed", 1), Some(Entry::Reported));
+        assert_eq!(again.get("t39", 1), Some(Entry::Reported));
+        assert!(!path.with_extension("compacting").exists());
     }
 
     #[test]
