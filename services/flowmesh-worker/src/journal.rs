@@ -111,18 +111,7 @@ impl Journal {
             std::fs::create_dir_all(dir)?;
         }
         let mut file = OpenOptions::new().read(true).append(true).create(true).open(path)?;
-        let mut log = Log {
-            path: path.to_owned(),
-            file: file.try_clone()?,
-            limits,
-            owed: HashMap::new(),
-            reported: HashSet::new(),
-            reported_order: VecDeque::new(),
-            records: 0,
-            unwritten: Vec::new(),
-            compact_due: false,
-            rewriting: false,
-        };
+        let mut log = Log::empty(path, file.try_clone()?, limits);
         let good = log.replay(&mut file, u64::MAX)?;
         if good < file.metadata()?.len() {
             // A record cut short by a power loss (a `kill -9` cannot cut a write): the lines
@@ -278,6 +267,22 @@ fn sync(log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
 }
 
 impl Log {
+    /// A log that remembers nothing yet, writing to `file`.
+    fn empty(path: &Path, file: File, limits: Limits) -> Log {
+        Log {
+            path: path.to_owned(),
+            file,
+            limits,
+            owed: HashMap::new(),
+            reported: HashSet::new(),
+            reported_order: VecDeque::new(),
+            records: 0,
+            unwritten: Vec::new(),
+            compact_due: false,
+            rewriting: false,
+        }
+    }
+
     /// Reads the file's records (its first `upto` bytes) into memory; returns the length of its
     /// whole lines.
     fn replay(&mut self, file: &mut File, upto: u64) -> std::io::Result<u64> {
@@ -374,18 +379,7 @@ impl Rewrite {
     /// Off the lock: reads the file up to where `start` found it, writes what that remembers to
     /// the new file and syncs it, then copies what was appended since.
     fn write(mut self) -> std::io::Result<Rewrite> {
-        let mut read = Log {
-            path: self.path.clone(),
-            file: self.source.try_clone()?,
-            limits: self.limits,
-            owed: HashMap::new(),
-            reported: HashSet::new(),
-            reported_order: VecDeque::new(),
-            records: 0,
-            unwritten: Vec::new(),
-            compact_due: false,
-            rewriting: false,
-        };
+        let mut read = Log::empty(&self.path, self.source.try_clone()?, self.limits);
         let mut source = self.source.try_clone()?;
         read.replay(&mut source, self.copied)?;
         let path = self.path.with_extension("compacting");
