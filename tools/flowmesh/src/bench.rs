@@ -545,8 +545,8 @@ const TIMED: [&str; 6] =
 /// Hears the events the bench times as they are published, feeding `Seen`s: one core
 /// subscription per kind in `TIMED` (`subjects::events_of_kind`), none of them a JetStream
 /// consumer. The server matches a core subscription when a message comes in, so it sends the
-/// bench only these events (a fifth of the log's bytes for a one-task echo workflow) without
-/// reading the stream for them. An ordered consumer over every event had it deliver the
+/// bench only these events (of a one-task echo workflow's three, the completion: about a fifth
+/// of their bytes) without reading the stream for them. An ordered consumer over every event had it deliver the
 /// acceptance and the dispatch, each carrying the workflow or its order, for nothing; one
 /// filtered on these kinds made it walk its index of every subject of the stream while holding
 /// its writes (BENCHMARKS, "Eleventh round"). That these ends are stored is what the workers
@@ -564,8 +564,9 @@ async fn follow_outcomes(
     // Subscribed on the server before the first submission, so no end of ours is missed.
     client.flush().await.map_err(|e| anyhow::anyhow!("following the event log: {e}"))?;
     // The server sends one connection's messages in the order they were published, and the
-    // merged subscriptions are polled in the order their messages arrive: a task's start (stored
-    // before its end) is seen before its end.
+    // merged subscriptions are polled in the order they were woken, so a task's start (stored
+    // before its end) is seen before its end; were it not, the workflow would only lack a start
+    // time (the bench integration test asserts every start).
     let mut messages = futures_util::stream::select_all(kinds);
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let task = tokio::spawn(async move {
