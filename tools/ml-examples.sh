@@ -11,15 +11,10 @@ docs=("$@")
 [ ${#docs[@]} -gt 0 ] || docs=("$repo"/examples/valid/*.yaml)
 docs=("${docs[@]/#examples/$repo/examples}")
 export PATH="$repo/target/debug:$PATH"
-work=$(mktemp -d)
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$repo/tools/scratch.sh"
+scratch_start ml-examples
+work=$dir
+port=$(free_port)
 cd "$work"
 export NATS_URL="nats://127.0.0.1:$port"
 python3 -m flowmesh_runners.tiny ./tiny >/dev/null 2>tiny.log
@@ -37,8 +32,8 @@ FLOWMESH_SIMULATE_HW="$hw" FLOWMESH_RUNNERS=python3 FLOWMESH_MODEL_MAP="$work/ti
   FLOWMESH_DATASETS_DIR="$work/tiny/datasets" HF_HUB_OFFLINE=1 WORKER_ID=ml-cpu \
   flowmesh worker >ml.log 2>&1 &
 pids+=($!)
-# The runners answer in the background: wait until the worker lists them (trl among them).
-for _ in $(seq 1500); do flowmesh worker info ml-cpu 2>/dev/null | grep -q '"trl"' && break; sleep 0.2; done
+# The runners answer in the background, after importing torch: wait until trl is listed.
+wait_sec=300 wait_until "the worker's runners" bash -c "flowmesh worker info ml-cpu | grep -q '\"trl\"'"
 flowmesh worker list
 done_n=0; total=0
 for doc in "${docs[@]}"; do

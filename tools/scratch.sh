@@ -1,4 +1,4 @@
-# Sourced by the bench scripts and gpu-check.sh: a scratch folder and the processes started in
+# Sourced by the bench scripts, gpu-check.sh and ml-examples.sh: a scratch folder and the processes started in
 # it, all removed on exit; a free loopback port; waiting for a step with a deadline (never a fixed
 # sleep).
 #
