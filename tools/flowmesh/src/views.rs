@@ -167,17 +167,30 @@ pub fn worker_rows(workers: Vec<(WorkerSnapshot, u64)>, fleet: &State) -> Vec<Wo
         .collect()
 }
 
+/// A worker's GPUs for a table cell: how many of each model and size, in the order the probe
+/// listed them (`2x NVIDIA H100 80GB HBM3 80 GiB, 1x NVIDIA L40S 48 GiB`); `-` for none.
+fn gpu_summary(gpus: &[flowmesh_domain::fleet::Gpu]) -> String {
+    let mut kinds: Vec<(&str, u64, usize)> = Vec::new();
+    for gpu in gpus {
+        match kinds.iter_mut().find(|(name, bytes, _)| *name == gpu.name && *bytes == gpu.memory_bytes) {
+            Some((_, _, count)) => *count += 1,
+            None => kinds.push((&gpu.name, gpu.memory_bytes, 1)),
+        }
+    }
+    if kinds.is_empty() {
+        return "-".to_owned();
+    }
+    let each: Vec<String> =
+        kinds.iter().map(|(name, bytes, count)| format!("{count}x {name} {}", format_bytes(*bytes))).collect();
+    each.join(", ")
+}
+
 impl Row for WorkerRow {
     const HEADERS: &'static [&'static str] =
         &["WORKER", "STATUS", "TASK TYPES", "HARDWARE", "GPUS", "SLOTS", "SEEN", "SIMULATED", "TAGS"];
     fn cells(&self) -> Vec<String> {
         let (w, age) = (&self.snapshot, self.age_sec);
-        let gpus = if w.hardware.gpus.is_empty() {
-            "-".to_owned()
-        } else {
-            let first = &w.hardware.gpus[0];
-            format!("{}x {} {}", w.hardware.gpus.len(), first.name, format_bytes(first.memory_bytes))
-        };
+        let gpus = gpu_summary(&w.hardware.gpus);
         let stale = if age > w.ttl_sec { format!("{age}s (stale)") } else { format!("{age}s") };
         vec![
             w.id.clone(),
@@ -322,5 +335,36 @@ impl Row for StreamHealth {
             self.replicas.iter().map(|(name, state)| format!("{name} {state}")).collect::<Vec<_>>().join(", "),
             if self.healthy { "yes".to_owned() } else { "no".to_owned() },
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_summary;
+    use flowmesh_domain::fleet::Gpu;
+
+    #[test]
+    fn a_workers_gpus_are_counted_by_model_and_size_in_the_probes_order() {
+        let gpu = |index, name: &str, gib: u64| Gpu {
+            index,
+            uuid: String::new(),
+            name: name.into(),
+            memory_bytes: gib << 30,
+        };
+        let cases: [(Vec<Gpu>, &str); 4] = [
+            (vec![], "-"),
+            (vec![gpu(0, "NVIDIA H100", 80), gpu(1, "NVIDIA H100", 80)], "2x NVIDIA H100 80 GiB"),
+            (
+                vec![gpu(0, "NVIDIA H100", 80), gpu(1, "NVIDIA A100", 80), gpu(2, "NVIDIA L40S", 48)],
+                "1x NVIDIA H100 80 GiB, 1x NVIDIA A100 80 GiB, 1x NVIDIA L40S 48 GiB",
+            ),
+            (
+                vec![gpu(0, "NVIDIA A100", 40), gpu(1, "NVIDIA A100", 80), gpu(2, "NVIDIA A100", 40)],
+                "2x NVIDIA A100 40 GiB, 1x NVIDIA A100 80 GiB",
+            ),
+        ];
+        for (gpus, want) in cases {
+            assert_eq!(gpu_summary(&gpus), want);
+        }
     }
 }
