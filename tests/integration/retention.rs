@@ -80,13 +80,25 @@ async fn until_gone(world: &World, workflow: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A stack (validator, worker `w1`) and router `r1` under `config`, which runs one echo workflow
+/// to its end, folds that end and stops: the workflow's id.
+async fn ended_under(world: &mut World, config: flowmesh_router::Config) -> anyhow::Result<String> {
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    world.worker(worker_config(world, "w1", None)).await?;
+    world.router_with(config).await?;
+    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
+    world.wait_workflow_end(&ended).await?;
+    // The end is folded (and so in a checkpoint written at the stop) once the router says so.
+    world.status_when("router", |s| s["running_workflows"] == 0 && s["caught_up"] == true).await?;
+    world.stop("r1").await?;
+    Ok(ended)
+}
+
 /// A router resumed from its checkpoint did not fold the events of a workflow that ended
 /// before it: it cannot know their sequences, and purges them by the workflow's subjects.
 #[tokio::test]
 async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subjects() -> anyhow::Result<()> {
     let mut world = World::start().await?;
-    world.validator("validator", flowmesh_validator::Config::default()).await?;
-    world.worker(worker_config(&world, "w1", None)).await?;
     let checkpoint = world.dir.path().join("router-checkpoint");
     let config = |keep: Duration| {
         let mut config = router_config("r1");
@@ -94,12 +106,7 @@ async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subj
         config.keep_ended = Some(keep);
         config
     };
-    world.router_with(config(Duration::from_secs(3600))).await?;
-    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
-    world.wait_workflow_end(&ended).await?;
-    // The end is folded (and so in the checkpoint written at the stop) once the router says so.
-    world.status_when("router", |s| s["running_workflows"] == 0 && s["caught_up"] == true).await?;
-    world.stop("r1").await?;
+    let ended = ended_under(&mut world, config(Duration::from_secs(3600))).await?;
     assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 3);
 
     world.router_with(config(Duration::from_secs(1))).await?;
@@ -116,18 +123,12 @@ async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subj
 #[tokio::test]
 async fn a_router_taking_over_removes_what_the_latest_records_round_left_behind() -> anyhow::Result<()> {
     let mut world = World::start().await?;
-    world.validator("validator", flowmesh_validator::Config::default()).await?;
-    world.worker(worker_config(&world, "w1", None)).await?;
     let config = |instance: &str| {
         let mut config = router_config(instance);
         config.keep_ended = Some(Duration::from_secs(3600));
         config
     };
-    world.router_with(config("r1")).await?;
-    let ended = world.submit(&tests::example("valid/echo.yaml"), None).await?;
-    world.wait_workflow_end(&ended).await?;
-    world.status_when("router", |s| s["running_workflows"] == 0 && s["caught_up"] == true).await?;
-    world.stop("r1").await?;
+    let ended = ended_under(&mut world, config("r1")).await?;
 
     // What r1 would have stored before removing anything, had its kept period been over.
     let mut listed = flowmesh_domain::ids::WorkflowIds::default();

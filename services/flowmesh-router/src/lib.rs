@@ -680,12 +680,10 @@ impl Router {
             Vec::new()
         };
         if !due.is_empty() {
-            let mut record = self.state.purged().clone();
             let mut removing = flowmesh_domain::ids::WorkflowIds::default();
-            due.iter().for_each(|id| {
-                record.insert(id);
-                removing.insert(id);
-            });
+            due.iter().for_each(|id| removing.insert(id));
+            let mut record = self.state.purged().clone();
+            record.extend(&removing);
             let body =
                 EventBody::WorkflowsPurged(flowmesh_domain::event::WorkflowsPurged { workflows: record, removing });
             if let Err(e) = self.publish_all(vec![body]).await {
