@@ -274,8 +274,13 @@ impl Log {
             file,
             limits,
             owed: HashMap::new(),
-            reported: HashSet::new(),
-            reported_order: VecDeque::new(),
+            // Room taken now for every id it will remember: grown as it filled, the set moved
+            // every id at each doubling with every writer waiting (up to 25 ms at 57,344 ids).
+            // Twice the limit, because an id forgotten leaves a tombstone until the table is
+            // rehashed, and a table more than half full would rehash into a larger one. Pages
+            // are touched as ids arrive, so a worker that ran little holds little of it.
+            reported: HashSet::with_capacity(limits.reported.saturating_mul(2)),
+            reported_order: VecDeque::with_capacity(limits.reported.saturating_add(1)),
             records: 0,
             unwritten: Vec::new(),
             compact_due: false,
@@ -419,13 +424,14 @@ impl Rewrite {
     }
 
     /// Under the lock: copies the last lines appended, renames the new file over the journal and
-    /// writes to it from now on. Then, off the lock, makes the rename durable.
+    /// writes to it from now on. Then, off the lock, makes the copied tail and the rename durable.
     fn install(mut self, log: &Mutex<Log>, dirty: &AtomicBool) -> std::io::Result<()> {
         let (mut file, records) = self.fresh.take().expect("written before it is installed");
-        {
+        let installed = {
             let mut log = log.lock().expect("journal lock");
             let end = log.file.metadata()?.len();
             let last = self.copy_tail(&mut file, end)?;
+            let installed = file.try_clone()?;
             std::fs::rename(self.path.with_extension("compacting"), &self.path)?;
             log.file = file;
             // The notes not yet written go to the new file with its next record.
@@ -433,9 +439,13 @@ impl Rewrite {
             log.records = records + last + waiting;
             log.compact_due = false;
             log.rewriting = false;
-        }
-        // The copied tail reaches the disk with the next sync.
-        dirty.store(true, Ordering::SeqCst);
+            // Set under the lock: a sync that takes it after the rename syncs the new file.
+            dirty.store(true, Ordering::SeqCst);
+            installed
+        };
+        // Synced here rather than left to the next interval: a clean stop's own sync may have
+        // run just before the rename, on the old file, and the process may end before the next.
+        installed.sync_data()?;
         if let Some(dir) = self.path.parent() {
             File::open(dir)?.sync_all()?;
         }
@@ -572,6 +582,26 @@ mod tests {
             assert_eq!(again.get(&format!("t{i}"), 1), expected, "t{i}");
         }
         assert_eq!(again.get("stale", 1), None);
+    }
+
+    /// The set of reported ids never grows while writers wait on it: its room is taken at open,
+    /// for the limit and the tombstones that forgetting leaves (see `Log::empty`).
+    #[test]
+    fn the_reported_ids_never_move_to_a_larger_table() {
+        let (_dir, _path, journal) = fresh(64);
+        let room = |journal: &Journal| {
+            let log = journal.log.lock().unwrap();
+            (log.reported.capacity(), log.reported_order.capacity())
+        };
+        let at_open = room(&journal);
+        for i in 0..64 * 40 {
+            let id = format!("t{i}");
+            journal.finish(&id, 1, &end(&id)).unwrap();
+            journal.reported(&id, 1).unwrap();
+        }
+        assert_eq!(room(&journal), at_open, "the table or the order grew after {} reports", 64 * 40);
+        assert_eq!(journal.get("t2559", 1), Some(Entry::Reported));
+        assert_eq!(journal.get("t2495", 1), None, "older than the 64 newest");
     }
 
     /// Writers go on while the file is rewritten off the lock: what they write before the file is
