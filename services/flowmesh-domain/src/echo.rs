@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 /// `(pointer, stage)` for every item that reads an upstream stage.
 pub fn references(spec: &Value) -> Vec<(String, String)> {
-    let Some(items) = spec.pointer("/data/items").and_then(Value::as_array) else {
+    let Some(items) = crate::pointer::get(spec, "/data/items").and_then(Value::as_array) else {
         return Vec::new();
     };
     items
@@ -32,7 +32,7 @@ fn reference(item: &Value) -> Option<(String, Vec<String>)> {
 /// Replaces reference items by the values they read (flattening lists). Other items stay.
 pub fn resolve_items(spec: Value, upstream: &dyn Upstream) -> Result<Value, String> {
     let mut spec = spec;
-    let Some(items) = spec.pointer_mut("/data/items").and_then(Value::as_array_mut) else {
+    let Some(items) = crate::pointer::get_mut(&mut spec, "/data/items").and_then(Value::as_array_mut) else {
         return Ok(spec);
     };
     let mut out = Vec::with_capacity(items.len());
@@ -56,8 +56,7 @@ pub fn resolve_items(spec: Value, upstream: &dyn Upstream) -> Result<Value, Stri
 
 /// Runs an echo task on a resolved spec.
 pub fn run(spec: &Value) -> Result<Value, String> {
-    let items = spec
-        .pointer("/data/items")
+    let items = crate::pointer::get(spec, "/data/items")
         .and_then(Value::as_array)
         .ok_or_else(|| "echo needs data.items, a list of values to echo".to_owned())?;
     let outputs: Vec<Value> = items.iter().map(|v| json!({ "output": v })).collect();

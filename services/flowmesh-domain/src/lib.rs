@@ -10,6 +10,7 @@ pub mod ids;
 mod locate;
 pub mod n8n;
 pub mod placement;
+pub mod pointer;
 pub mod problem;
 pub mod schedule;
 pub mod schema;

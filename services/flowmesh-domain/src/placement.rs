@@ -36,8 +36,8 @@ pub struct Request {
 pub fn model_of(spec: &Value) -> Option<String> {
     ["/model/source/identifier", "/model/identifier", "/model/name"]
         .iter()
-        .find_map(|p| spec.pointer(p).and_then(Value::as_str))
-        .filter(|id| !id.is_empty() && !crate::template::contains_placeholder(&Value::String(id.to_string())))
+        .find_map(|p| crate::pointer::get(spec, p).and_then(Value::as_str))
+        .filter(|id| !id.is_empty() && crate::template::placeholders(id).is_empty())
         .map(str::to_owned)
 }
 
@@ -70,7 +70,7 @@ impl GpuRequest {
 
 /// Reads the request from a resolved spec (`resources.hardware`).
 pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>) -> Result<Request, String> {
-    let hw = spec.pointer("/resources/hardware");
+    let hw = crate::pointer::get(spec, "/resources/hardware");
     let field = |key: &str| hw.and_then(|h| h.get(key));
     let cpu = match field("cpu") {
         None | Some(Value::Null) => 0.0,

@@ -407,7 +407,7 @@ fn execution_epochs(
     problems: &mut BTreeSet<Problem>,
 ) -> Option<Vec<Vec<usize>>> {
     let base = format!("{HINT_PATH}/node_execution_order");
-    let items = doc.pointer(&base)?.as_array()?;
+    let items = crate::pointer::get(doc, &base)?.as_array()?;
     // (name, pointer) per epoch; the schema reports other shapes.
     let epochs: Vec<Vec<(&str, String)>> = if items.iter().all(Value::is_string) {
         vec![items.iter().enumerate().filter_map(|(j, v)| Some((v.as_str()?, push(&base, j)))).collect()]
@@ -461,7 +461,7 @@ fn execution_epochs(
 /// `selected_worker.selected` may only name stages of the workflow.
 fn check_selected_stages(doc: &Value, index: &HashMap<&str, usize>, problems: &mut BTreeSet<Problem>) {
     let path = format!("{HINT_PATH}/selected_worker/selected");
-    let Some(Value::Object(selected)) = doc.pointer(&path) else {
+    let Some(Value::Object(selected)) = crate::pointer::get(doc, &path) else {
         return;
     };
     for stage in selected.keys() {
@@ -501,7 +501,7 @@ fn topological_order(deps: &[Vec<usize>], rank: &[usize]) -> Result<Vec<usize>, 
 
 fn check_memory(spec: &Value, locate: &dyn Fn(&str) -> String, problems: &mut BTreeSet<Problem>) {
     for pointer in ["/resources/hardware/memory", "/resources/hardware/gpu/memory"] {
-        let Some(value) = spec.pointer(pointer) else {
+        let Some(value) = crate::pointer::get(spec, pointer) else {
             continue;
         };
         if template::contains_placeholder(value) {
@@ -606,14 +606,14 @@ pub fn ssh_interactive(spec: &Value) -> bool {
 /// Paths are relative to the spec (`/resources/hardware/gpu/count`).
 pub fn dispatch_rules(spec: &Value) -> Vec<Problem> {
     let mut problems = Vec::new();
-    let deferred = |pointer: &str| spec.pointer(pointer).is_some_and(template::contains_placeholder);
+    let deferred = |pointer: &str| crate::pointer::get(spec, pointer).is_some_and(template::contains_placeholder);
     match spec.get("taskType").and_then(Value::as_str) {
         Some("inference") => {
             if deferred("/enforce_cpu") || deferred("/model/vllm") {
                 return problems;
             }
             let enforce_cpu = spec.get("enforce_cpu").and_then(Value::as_bool) == Some(true);
-            let has_vllm = spec.pointer("/model/vllm").is_some_and(|v| !v.is_null());
+            let has_vllm = crate::pointer::get(spec, "/model/vllm").is_some_and(|v| !v.is_null());
             if enforce_cpu && has_vllm {
                 problems.push(Problem::new(
                     "/enforce_cpu",
@@ -621,7 +621,8 @@ pub fn dispatch_rules(spec: &Value) -> Vec<Problem> {
                 ));
             }
             if inference_backend(spec) == InferenceBackend::Vllm && !deferred("/resources/hardware/gpu/count") {
-                let gpus = spec.pointer("/resources/hardware/gpu/count").and_then(Value::as_u64).unwrap_or(0);
+                let gpus =
+                    crate::pointer::get(spec, "/resources/hardware/gpu/count").and_then(Value::as_u64).unwrap_or(0);
                 if gpus < 1 {
                     problems.push(Problem::new(
                         "/resources/hardware/gpu/count",
@@ -629,7 +630,7 @@ pub fn dispatch_rules(spec: &Value) -> Vec<Problem> {
                     ));
                 }
             }
-            if let Some(adapters) = spec.pointer("/model/adapters").and_then(Value::as_array) {
+            if let Some(adapters) = crate::pointer::get(spec, "/model/adapters").and_then(Value::as_array) {
                 for (i, adapter) in adapters.iter().enumerate() {
                     let has_source =
                         ["path", "url", "task_id"].iter().any(|k| adapter.get(*k).is_some_and(|v| !v.is_null()));
@@ -698,7 +699,7 @@ fn selected_workers(doc: &Value) -> Hints {
             _ => None,
         }
     }
-    let hint = doc.pointer("/metadata/annotations/schedule_hint/selected_worker");
+    let hint = crate::pointer::get(doc, "/metadata/annotations/schedule_hint/selected_worker");
     let mut hints = Hints { global: None, per_stage: BTreeMap::new() };
     match hint {
         Some(Value::Object(map)) => {

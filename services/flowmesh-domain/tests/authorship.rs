@@ -5,6 +5,7 @@ use flowmesh_domain::event::{
     Author, FailureReason, MAX_EVENT_BYTES, TaskCompleted, TaskDispatched, TaskFailed, TaskRef, TaskStarted,
     Unreadable, WorkflowEnded,
 };
+use flowmesh_domain::work::WorkOrder;
 use flowmesh_domain::{Event, EventBody};
 
 fn task() -> TaskRef {
@@ -54,9 +55,11 @@ fn workflow_completed(id: &str) -> Event {
     Event::new(EventBody::WorkflowCompleted(WorkflowEnded { workflow_id: id.into(), reason: None }), "t".into(), 0)
 }
 
+type Reader = fn(&str, &[u8]) -> Result<Event, Unreadable>;
+
 /// What `read` makes of `payload` on `suffix`: `Ok(kind)` or the error's variant name.
-fn check(suffix: &str, payload: &[u8]) -> Result<&'static str, &'static str> {
-    Event::read(suffix, payload).map(|e| e.body.kind()).map_err(|e| match e {
+fn check(read: Reader, suffix: &str, payload: &[u8]) -> Result<&'static str, &'static str> {
+    read(suffix, payload).map(|e| e.body.kind()).map_err(|e| match e {
         Unreadable::TooLarge { .. } => "too large",
         Unreadable::NotAnEvent(_) => "not an event",
         Unreadable::WrongAuthor { .. } => "wrong author",
@@ -207,8 +210,47 @@ fn a_body_is_believed_only_where_its_subject_agrees() {
         ),
     ];
     for (what, suffix, payload, want) in cases {
-        assert_eq!(check(&suffix, &payload), want, "{what}");
+        assert_eq!(check(Event::read, &suffix, &payload), want, "{what}");
+        assert_eq!(check(Event::read_skipping_orders, &suffix, &payload), want, "{what}, skipping orders");
     }
+}
+
+/// The fold's reader leaves a dispatch's order out and takes everything else as `read` does.
+#[test]
+fn a_fold_reads_a_dispatch_without_its_order() {
+    let order = WorkOrder {
+        workflow_id: "wf-1".into(),
+        task_id: "wf-1-main".into(),
+        stage: "main".into(),
+        attempt: 1,
+        task_type: "echo".into(),
+        spec: serde_json::json!({"taskType": "echo", "data": {"type": "list", "items": ["a", {"b": [1]}]}}),
+        upstream: Default::default(),
+        upstream_artifacts: Default::default(),
+        upstream_results: Default::default(),
+    };
+    let mut carrying = dispatched();
+    let EventBody::TaskDispatched(d) = &mut carrying.body else { unreachable!() };
+    d.order = Some(Box::new(order));
+    let suffix = carrying.subject_suffix(Author::Service);
+    assert_eq!(Event::read(&suffix, &json(&carrying)), Ok(carrying.clone()));
+    let without = Event::read_skipping_orders(&suffix, &json(&carrying)).unwrap();
+    assert_eq!(without, dispatched(), "all but the order");
+    for event in [started("w1"), completed("w1"), failed(None), workflow_completed("wf-1")] {
+        let author = match &event.body {
+            EventBody::TaskStarted(_) | EventBody::TaskCompleted(_) => Author::Worker("w1"),
+            _ => Author::Service,
+        };
+        let suffix = event.subject_suffix(author);
+        assert_eq!(Event::read_skipping_orders(&suffix, &json(&event)), Ok(event.clone()), "{suffix}");
+    }
+    // The order is skipped as JSON, not read as an order: only a worker, which takes it, finds
+    // that it is none. Only the router writes dispatches.
+    let odd = String::from_utf8(json(&dispatched())).unwrap().replacen('{', r#"{"order":{"not":"an order"},"#, 1);
+    assert_eq!(check(Event::read, &suffix, odd.as_bytes()), Err("not an event"));
+    assert_eq!(check(Event::read_skipping_orders, &suffix, odd.as_bytes()), Ok("task.dispatched"));
+    let broken = String::from_utf8(json(&dispatched())).unwrap().replacen('{', r#"{"order":{"not"},"#, 1);
+    assert_eq!(check(Event::read_skipping_orders, &suffix, broken.as_bytes()), Err("not an event"));
 }
 
 #[test]

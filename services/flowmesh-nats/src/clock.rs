@@ -1,5 +1,6 @@
 //! Wall-clock readings for the shell; the domain gets them passed in.
 
+use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn now_ms() -> u64 {
@@ -19,7 +20,10 @@ pub fn now_rfc3339() -> String {
 pub fn rfc3339(ms: u64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    format!(
+    // Written into its final size: `format!` grew its string three times on the way.
+    let mut text = String::with_capacity("2026-11-23T00:05:53.123Z".len());
+    let _ = write!(
+        text,
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
         t.year(),
         u8::from(t.month()),
@@ -28,5 +32,20 @@ pub fn rfc3339(ms: u64) -> String {
         t.minute(),
         t.second(),
         t.millisecond()
-    )
+    );
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_spells_utc_with_milliseconds() {
+        for (ms, text) in [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1_795_392_353_123, "2026-11-23T00:05:53.123Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+        ] {
+            assert_eq!(super::rfc3339(ms), text, "{ms}");
+        }
+    }
 }

@@ -502,7 +502,7 @@ impl Router {
             self.target_seq = self.target_seq.max(info.stream_sequence + info.pending);
         }
         let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
-        match Event::read(suffix, &message.payload) {
+        match Event::read_skipping_orders(suffix, &message.payload) {
             Ok(event) => {
                 self.note_seq(&event.body);
                 let applied = self.state.apply(&event);

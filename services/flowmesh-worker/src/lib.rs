@@ -993,13 +993,14 @@ async fn store_results(
     // `output.artifacts` names files or folders of the output folder; `results.json` and `logs`
     // are always stored, and `artifacts` (FlowMesh's name for "everything produced") or no list
     // at all means the whole output folder.
-    let declared: Option<Vec<String>> = order.spec.pointer("/output/artifacts").and_then(Value::as_array).map(|a| {
-        a.iter()
-            .filter_map(Value::as_str)
-            .filter(|n| !matches!(*n, "results.json" | "logs"))
-            .map(str::to_owned)
-            .collect()
-    });
+    let declared: Option<Vec<String>> =
+        flowmesh_domain::pointer::get(&order.spec, "/output/artifacts").and_then(Value::as_array).map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .filter(|n| !matches!(*n, "results.json" | "logs"))
+                .map(str::to_owned)
+                .collect()
+        });
     let everything = declared.as_ref().is_none_or(|names| names.iter().any(|n| n == "artifacts"));
     let files = if everything {
         list_files(output_dir)
