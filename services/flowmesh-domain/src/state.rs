@@ -255,6 +255,22 @@ impl State {
         self.apply_deriving(event).0
     }
 
+    /// `apply`, taking the event: an acceptance's workflow moves into the fold instead of being
+    /// copied (every task's spec, about 20 allocations for a one-task echo workflow). For a
+    /// reader that keeps nothing else of what it folds, the router.
+    pub fn apply_owned(&mut self, event: Event) -> Applied {
+        match event.body {
+            EventBody::SubmissionAccepted(e) => {
+                if let Some(why) = self.has_verdict(&e.workflow_id) {
+                    return Applied::Ignored(why);
+                }
+                self.insert_workflow(e.workflow, e.submission.seq, &event.time);
+                Applied::Changed
+            }
+            body => self.apply(&Event { body, ..event }),
+        }
+    }
+
     /// Folds one event in, and returns with what it did the `workflow.completed` it implies, if
     /// it was the last task's end: an event nobody stores, for readers to show as if stored (at
     /// that task's end's time, under the id a stored one would have).
@@ -314,7 +330,7 @@ impl State {
                 if let Some(why) = self.has_verdict(&e.workflow_id) {
                     return Applied::Ignored(why);
                 }
-                self.insert_workflow(&e.workflow, e.submission.seq, &event.time);
+                self.insert_workflow(e.workflow.clone(), e.submission.seq, &event.time);
                 Applied::Changed
             }
             EventBody::SubmissionRejected(e) => {
@@ -549,12 +565,12 @@ impl State {
         &self.removing
     }
 
-    fn insert_workflow(&mut self, workflow: &Workflow, seq: u64, time: &str) {
-        let tasks: Vec<TaskState> = workflow
-            .tasks
-            .iter()
+    fn insert_workflow(&mut self, workflow: Workflow, seq: u64, time: &str) {
+        let Workflow { workflow_id, name, owner, tasks } = workflow;
+        let tasks: Vec<TaskState> = tasks
+            .into_iter()
             .map(|def| TaskState {
-                def: def.clone(),
+                def,
                 status: TaskStatus::Waiting,
                 attempt: 1,
                 worker_id: None,
@@ -575,16 +591,16 @@ impl State {
             })
             .collect();
         for (i, t) in tasks.iter().enumerate() {
-            self.task_index.insert(t.def.task_id.clone(), (workflow.workflow_id.clone(), i));
+            self.task_index.insert(t.def.task_id.clone(), (workflow_id.clone(), i));
         }
-        self.running.insert(seq, workflow.workflow_id.clone());
+        self.running.insert(seq, workflow_id.clone());
         self.workflows.insert(
-            workflow.workflow_id.clone(),
+            workflow_id.clone(),
             Arc::new(WorkflowState {
-                workflow_id: workflow.workflow_id.clone(),
+                workflow_id,
                 seq,
-                name: workflow.name.clone(),
-                owner: workflow.owner.clone(),
+                name,
+                owner,
                 submitted_at: time.to_owned(),
                 status: WorkflowStatus::Running,
                 tasks,

@@ -89,6 +89,8 @@ fn fleet() -> Vec<WorkerSnapshot> {
 
 struct Run {
     state: State,
+    /// The same events folded as the router folds them (`apply_owned`): always equal to `state`.
+    owned: State,
     requests: Requests,
     fleet: Vec<WorkerSnapshot>,
     /// The remembering router's index of `fleet`, kept between rounds.
@@ -106,7 +108,8 @@ struct Run {
 
 impl Run {
     fn apply(&mut self, body: EventBody) {
-        self.state.apply(&Event::new(body.clone(), "t".into(), 0));
+        let event = Event::new(body.clone(), "t".into(), 0);
+        assert_eq!(self.state.apply(&event), self.owned.apply_owned(event), "{body:?}");
         self.requests.touch(&body);
     }
 
@@ -223,6 +226,8 @@ impl Run {
                 // The router's tick: time passes, ended workflows are forgotten, a whole round.
                 self.now += 25_000;
                 self.state.forget_ended();
+                self.owned.forget_ended();
+                assert_eq!(self.state, self.owned, "folding by value and by reference differ");
                 self.requests.touch_all();
             }
             18 if !self.fleet.is_empty() => {
@@ -262,6 +267,7 @@ fn a_round_that_looks_only_where_something_changed_decides_what_a_full_walk_deci
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed);
         let mut run = Run {
             state: State::default(),
+            owned: State::default(),
             requests: Requests::default(),
             fleet: fleet(),
             index: FleetIndex::of(&fleet()),

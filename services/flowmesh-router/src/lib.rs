@@ -505,9 +505,10 @@ impl Router {
         match Event::read_skipping_orders(suffix, &message.payload) {
             Ok(event) => {
                 self.note_seq(&event.body);
-                let applied = self.state.apply(&event);
                 self.requests.touch(&event.body);
-                debug!(event = %event.id, ?applied, "folded");
+                let id = tracing::enabled!(tracing::Level::DEBUG).then(|| event.id.clone());
+                let applied = self.state.apply_owned(event);
+                debug!(event = ?id, ?applied, "folded");
             }
             Err(e) => {
                 self.unreadable += 1;
