@@ -133,7 +133,7 @@ fn resolve_one(p: &Placeholder, upstream: &dyn Upstream) -> Result<Value, String
 /// value's JSON type; a placeholder embedded in text is stringified.
 pub fn resolve(value: &Value, upstream: &dyn Upstream) -> Result<Value, String> {
     // Most specs hold none: a plain copy, where rebuilding every object through an iterator
-    // cost a third more allocations (BENCHMARKS, "Seventeenth round").
+    // cost a fifth more allocations (BENCHMARKS, "Seventeenth round").
     if !contains_placeholder(value) {
         return Ok(value.clone());
     }
