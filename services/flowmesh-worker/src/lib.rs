@@ -501,6 +501,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
             return;
         }
     };
+    let order = Arc::new(order);
     let span = info_span!("task", task_id = %order.task_id, attempt = order.attempt);
     async {
         match shared.journal.get(&order.task_id, order.attempt) {
@@ -653,17 +654,12 @@ fn task_ref(order: &WorkOrder) -> TaskRef {
 /// Runs one task to its terminal event (not yet published).
 async fn execute(
     shared: &Arc<Shared>,
-    order: &WorkOrder,
+    order: &Arc<WorkOrder>,
     message: &jetstream::Message,
     (trigger, cancel): (Arc<Trigger>, Shutdown),
 ) -> Event {
     let worker_id = shared.config.worker_id.clone();
     let started_at = clock::now_rfc3339();
-    let started = Event::new(
-        EventBody::TaskStarted(TaskStarted { task: task_ref(order), worker_id: worker_id.clone() }),
-        started_at.clone(),
-        0,
-    );
     // Opened once the start is sent (or known not to be): updates come after it.
     let (start_gate, start_gate_rx) = tokio::sync::oneshot::channel::<()>();
     let handed_back = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -714,7 +710,7 @@ async fn execute(
             fetch_inputs(shared, order, &work_dir).await?;
         }
         let ctx = TaskContext {
-            order: order.clone(),
+            order: Arc::clone(order),
             work_dir: work_dir.clone(),
             output_dir: output_dir.clone(),
             gpus: shared.probe.hardware.gpus.clone(),
@@ -742,6 +738,8 @@ async fn execute(
             (Ok(result), false)
         }
         early => {
+            let task = TaskStarted { task: task_ref(order), worker_id: worker_id.clone() };
+            let started = Event::new(EventBody::TaskStarted(task), started_at.clone(), 0);
             let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
             let _ = start_gate.send(());
             let start_stored = async {
@@ -813,8 +811,7 @@ async fn execute(
 /// the validator's classifier picks (`vllm`, `transformers`): one that lists it, else one that
 /// declares no backends (a plugin that picks itself); placement sent it here because one does.
 fn select_executor<'a>(executors: &[&'a Executor], order: &WorkOrder) -> Result<&'a Executor, String> {
-    let serving: Vec<&Executor> =
-        executors.iter().copied().filter(|e| e.task_types().contains(&order.task_type)).collect();
+    let serving: Vec<&Executor> = executors.iter().copied().filter(|e| e.serves(&order.task_type)).collect();
     let Some(first) = serving.first() else {
         return Err(format!("this worker has no executor for task type {:?}", order.task_type));
     };

@@ -95,7 +95,7 @@ fn task(name: &str, spec: Value) -> (Trigger, TaskContext, tempfile::TempDir) {
         upstream_results: BTreeMap::new(),
     };
     let ctx = TaskContext {
-        order,
+        order: std::sync::Arc::new(order),
         work_dir: dir.path().to_path_buf(),
         output_dir,
         gpus: Vec::new(),

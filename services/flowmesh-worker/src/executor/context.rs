@@ -8,6 +8,7 @@ use flowmesh_nats::Shutdown;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a task did not produce a result.
@@ -26,7 +27,8 @@ pub enum ExecError {
 /// Everything an executor may use for one task. `run_command` and `run_command_with` (the
 /// process contract) are in `process`.
 pub struct TaskContext {
-    pub order: WorkOrder,
+    /// Shared with the worker's own handling of the task, not copied for the executor.
+    pub order: Arc<WorkOrder>,
     /// `RESULTS_DIR/<task_id>/`: the working directory, logs and `results.json`.
     pub work_dir: PathBuf,
     /// `RESULTS_DIR/<task_id>/output/`: every file here becomes an artifact.
@@ -154,7 +156,7 @@ mod tests {
         let (_trigger, cancel) = flowmesh_nats::shutdown::channel();
         let gpu = |index, uuid: &str| Gpu { index, uuid: uuid.to_owned(), name: "GPU".to_owned(), memory_bytes: 0 };
         let mut ctx = TaskContext {
-            order: order("python", spec),
+            order: Arc::new(order("python", spec)),
             work_dir: PathBuf::from("/r/wf-1-main"),
             output_dir: PathBuf::from("/r/wf-1-main/output"),
             gpus: vec![gpu(0, "GPU-a"), gpu(1, "")],

@@ -49,13 +49,26 @@ impl Executor {
     }
 
     pub fn task_types(&self) -> Vec<String> {
+        let (fixed, listed) = self.types();
+        fixed.into_iter().map(str::to_owned).chain(listed.iter().cloned()).collect()
+    }
+
+    /// Whether it runs tasks of `task_type`: `task_types` without copying them, asked per task.
+    pub fn serves(&self, task_type: &str) -> bool {
+        let (fixed, listed) = self.types();
+        fixed == Some(task_type) || listed.iter().any(|t| t == task_type)
+    }
+
+    /// The task types it runs: the one an executor built in runs, or the ones a plugin or a
+    /// runner is configured with.
+    fn types(&self) -> (Option<&'static str>, &[String]) {
         match self {
-            Executor::Echo => vec!["echo".to_owned()],
-            Executor::Python { .. } => vec!["python".to_owned()],
-            Executor::Plugin(p) => p.task_types.clone(),
-            Executor::Ssh(_) => vec!["ssh".to_owned()],
-            Executor::Runner(r) => r.task_types.clone(),
-            Executor::Unavailable(_) => Vec::new(),
+            Executor::Echo => (Some("echo"), &[]),
+            Executor::Python { .. } => (Some("python"), &[]),
+            Executor::Ssh(_) => (Some("ssh"), &[]),
+            Executor::Plugin(p) => (None, &p.task_types),
+            Executor::Runner(r) => (None, &r.task_types),
+            Executor::Unavailable(_) => (None, &[]),
         }
     }
 
@@ -127,4 +140,41 @@ pub fn initialising(python: &str) -> Executor {
 pub async fn runners(python: &str, cache: Option<&Path>, machine: &str) -> Vec<Executor> {
     let (ready, missing) = runner::discover(python, cache, machine).await;
     ready.into_iter().map(Executor::Runner).chain(missing.into_iter().map(Executor::Unavailable)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `serves` answers per task what `task_types` lists, without copying it.
+    #[test]
+    fn an_executor_serves_exactly_the_task_types_it_lists() {
+        let plugin: Plugin = serde_json::from_value(
+            serde_json::json!({"name": "p", "task_types": ["embed", "rerank"], "command": ["x"]}),
+        )
+        .unwrap();
+        let runner = Runner {
+            name: "trl".into(),
+            task_types: vec!["training".into(), "lora_finetune".into()],
+            backends: Vec::new(),
+            python: "python3".into(),
+        };
+        let unavailable =
+            Unavailable { name: "vllm".into(), task_types: vec!["inference".into()], reason: "not installed".into() };
+        let executors = [
+            Executor::Echo,
+            Executor::Python { interpreter: "python3".into() },
+            Executor::Plugin(plugin),
+            Executor::Runner(runner),
+            Executor::Unavailable(unavailable),
+        ];
+        let types = ["echo", "python", "ssh", "embed", "rerank", "training", "lora_finetune", "inference", "", "ech"];
+        for executor in &executors {
+            for task_type in types {
+                let listed = executor.task_types().iter().any(|t| t == task_type);
+                assert_eq!(executor.serves(task_type), listed, "{} and {task_type:?}", executor.name());
+            }
+        }
+        assert!(executors[2].serves("embed") && executors[3].serves("training") && !executors[4].serves("inference"));
+    }
 }

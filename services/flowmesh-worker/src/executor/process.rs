@@ -93,7 +93,7 @@ impl TaskContext {
         extra: &BTreeMap<String, String>,
     ) -> Result<Value, ExecError> {
         let task_file = self.work_dir.join("task.json");
-        let task_json = serde_json::to_vec_pretty(&self.order).expect("work orders serialize");
+        let task_json = serde_json::to_vec_pretty(&*self.order).expect("work orders serialize");
         std::fs::write(&task_file, task_json).map_err(|e| ExecError::Retryable(format!("writing task.json: {e}")))?;
         let mut env = self.env();
         env.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));

@@ -425,7 +425,7 @@ mod tests {
             upstream_results: BTreeMap::new(),
         };
         let ctx = TaskContext {
-            order,
+            order: std::sync::Arc::new(order),
             work_dir: PathBuf::from(DIR),
             output_dir: Path::new(DIR).join("output"),
             gpus: Vec::new(),
