@@ -25,6 +25,7 @@
 
 use flowmesh_domain::Event;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, Write};
@@ -37,7 +38,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry {
     /// The task ended; the stream has not yet acknowledged this terminal report.
-    Unreported(Box<Event>),
+    Unreported(Arc<Event>),
     /// The task ended and the stream stored its report.
     Reported,
 }
@@ -62,14 +63,14 @@ impl Default for Limits {
     }
 }
 
-/// One line of the file.
+/// One line of the file: borrowed to be written, owned when read back.
 #[derive(Serialize, Deserialize)]
-struct Record {
-    key: String,
+struct Record<'a> {
+    key: Cow<'a, str>,
     /// The terminal report, on the record that the task ended; absent on the record that the
     /// stream stored it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    event: Option<Box<Event>>,
+    event: Option<Cow<'a, Event>>,
 }
 
 #[derive(Clone)]
@@ -83,7 +84,8 @@ struct Log {
     path: PathBuf,
     file: File,
     limits: Limits,
-    owed: HashMap<String, Box<Event>>,
+    /// The reports not yet stored, shared with the worker that sends them.
+    owed: HashMap<String, Arc<Event>>,
     reported: HashSet<String>,
     /// `reported`'s keys, oldest first, to forget the oldest past `Limits::reported`.
     reported_order: VecDeque<String>,
@@ -136,13 +138,14 @@ impl Journal {
 
     /// Records that the attempt ended with `event`; returns once the kernel holds the record
     /// (safe against the process dying; on disk within `Limits::sync_every`).
-    pub fn finish(&self, task_id: &str, attempt: u32, event: &Event) -> std::io::Result<()> {
-        let record = Record { key: key(task_id, attempt), event: Some(Box::new(event.clone())) };
+    pub fn finish(&self, task_id: &str, attempt: u32, event: &Arc<Event>) -> std::io::Result<()> {
+        let key = key(task_id, attempt);
+        let record = Record { key: Cow::Borrowed(&key), event: Some(Cow::Borrowed(event)) };
         let mut log = self.log.lock().expect("journal lock");
         log.append(&record)?;
         // Set after the write, so that a sync that starts before it leaves the flag set.
         let unsynced_before = self.dirty.swap(true, Ordering::SeqCst);
-        log.owed.insert(record.key, record.event.expect("set above"));
+        log.owed.insert(key, Arc::clone(event));
         drop(log);
         if unsynced_before {
             // A crash test's point: this end is written, and so is another since the last sync;
@@ -156,12 +159,12 @@ impl Journal {
     /// the next sync or the journal's close. Lost in a crash, the report is sent again at the
     /// next start under the same id, which the stream and the fold both drop as a duplicate.
     pub fn reported(&self, task_id: &str, attempt: u32) -> std::io::Result<()> {
-        let record = Record { key: key(task_id, attempt), event: None };
+        let key = key(task_id, attempt);
         let mut log = self.log.lock().expect("journal lock");
-        push_line(&mut log.unwritten, &record);
+        push_line(&mut log.unwritten, &Record { key: Cow::Borrowed(&key), event: None });
         log.records += 1;
         self.dirty.store(true, Ordering::SeqCst);
-        log.mark_reported(record.key);
+        log.mark_reported(key);
         if log.records > 2 * (log.owed.len() + log.limits.reported) {
             log.compact_due = true;
         }
@@ -180,8 +183,8 @@ impl Journal {
     }
 
     /// Reports that were written but not yet stored by the stream.
-    pub fn unreported(&self) -> Vec<Event> {
-        self.log.lock().expect("journal lock").owed.values().map(|e| (**e).clone()).collect()
+    pub fn unreported(&self) -> Vec<Arc<Event>> {
+        self.log.lock().expect("journal lock").owed.values().cloned().collect()
     }
 
     /// Makes every record written so far durable on disk (a clean stop calls it).
@@ -232,6 +235,7 @@ impl Journal {
         for (_, value) in db.iter().filter_map(Result::ok) {
             // Records of taken orders (older still) read as nothing, as they did then.
             let Ok(Old::Finished { event, reported: stored }) = serde_json::from_slice::<Old>(&value) else { continue };
+            let event = Arc::<Event>::from(event);
             let Some(task) = event.body.task() else { continue };
             self.finish(&task.task_id, task.attempt, &event)?;
             if stored {
@@ -302,9 +306,9 @@ impl Log {
             }
             match serde_json::from_slice::<Record>(&line) {
                 Ok(Record { key, event: Some(event) }) => {
-                    self.owed.insert(key, event);
+                    self.owed.insert(key.into_owned(), Arc::new(event.into_owned()));
                 }
-                Ok(Record { key, event: None }) => self.mark_reported(key),
+                Ok(Record { key, event: None }) => self.mark_reported(key.into_owned()),
                 Err(e) => {
                     tracing::warn!(path = %self.path.display(), error = %e, "skipping an unreadable journal record");
                 }
@@ -395,12 +399,12 @@ impl Rewrite {
         let mut out = std::io::BufWriter::new(OpenOptions::new().create_new(true).read(true).append(true).open(&path)?);
         let mut records = 0;
         for (key, event) in &read.owed {
-            serde_json::to_writer(&mut out, &Record { key: key.clone(), event: Some(event.clone()) })?;
+            serde_json::to_writer(&mut out, &Record { key: Cow::Borrowed(key), event: Some(Cow::Borrowed(event)) })?;
             out.write_all(b"\n")?;
             records += 1;
         }
         for key in &read.reported_order {
-            serde_json::to_writer(&mut out, &Record { key: key.clone(), event: None })?;
+            serde_json::to_writer(&mut out, &Record { key: Cow::Borrowed(key), event: None })?;
             out.write_all(b"\n")?;
             records += 1;
         }
@@ -454,7 +458,7 @@ impl Rewrite {
 }
 
 /// Puts a record at the end of `buf` as one JSON line.
-fn push_line(buf: &mut Vec<u8>, record: &Record) {
+fn push_line(buf: &mut Vec<u8>, record: &Record<'_>) {
     serde_json::to_writer(&mut *buf, record).expect("records serialize");
     buf.push(b'\n');
 }
@@ -474,7 +478,7 @@ mod tests {
     use flowmesh_domain::EventBody;
     use flowmesh_domain::event::{TaskCompleted, TaskRef};
 
-    fn end(task_id: &str) -> Event {
+    fn end(task_id: &str) -> Arc<Event> {
         let task = TaskRef { workflow_id: "wf".into(), task_id: task_id.into(), stage: "s".into(), attempt: 1 };
         let body = EventBody::TaskCompleted(TaskCompleted {
             task,
@@ -485,7 +489,7 @@ mod tests {
             upload_ms: None,
             started_at: None,
         });
-        Event { id: body.derive_id(0), time: "2026-11-25T00:00:00Z".into(), body }
+        Arc::new(Event { id: body.derive_id(0), time: "2026-11-25T00:00:00Z".into(), body })
     }
 
     fn small(reported: usize) -> Limits {
@@ -513,7 +517,7 @@ mod tests {
         drop(journal);
         let again = Journal::open_with(&path, small(8)).unwrap();
         assert_eq!(again.get("a", 1), Some(Entry::Reported));
-        assert_eq!(again.get("b", 1), Some(Entry::Unreported(Box::new(end("b")))));
+        assert_eq!(again.get("b", 1), Some(Entry::Unreported(end("b"))));
         assert_eq!(again.get("b", 2), None, "another attempt is another task");
         assert_eq!(again.unreported(), vec![end("b")]);
     }
@@ -531,7 +535,7 @@ mod tests {
         std::mem::forget(journal);
         let again = Journal::open_with(&path, small(8)).unwrap();
         assert_eq!(again.get("a", 1), Some(Entry::Reported));
-        assert_eq!(again.get("b", 1), Some(Entry::Unreported(Box::new(end("b")))), "b's report is sent again");
+        assert_eq!(again.get("b", 1), Some(Entry::Unreported(end("b"))), "b's report is sent again");
         again.reported("b", 1).unwrap();
         again.sync().unwrap();
         assert_eq!(lines(&path), 4, "a sync writes the waiting note");

@@ -547,6 +547,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
                 return;
             }
         };
+        let event = Arc::new(event);
         if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
             warn!(error = %e, "journal write failed after the task ended");
         }
