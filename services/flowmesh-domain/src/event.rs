@@ -643,7 +643,8 @@ impl Event {
                 }
                 event
             });
-            // Skipping a dispatch's order, an order that is JSON but no order is not looked at.
+            // Skipping orders, a dispatch whose order is JSON but no work order reads all the
+            // same, where the derived decoding refuses it.
             let unread_order = matches!(orders, Orders::Skip)
                 && derived.is_none()
                 && matches!(&event, Ok(Event { body: EventBody::TaskDispatched(_), .. }));
@@ -706,7 +707,7 @@ impl Event {
 
     /// `read`, leaving out the work order a dispatch carries (its `order` is `None`): for a
     /// fold, which never looks at it. The router reads back each dispatch it sent, and building
-    /// its order (the task's whole spec) to drop it at once was about 30 allocations per task.
+    /// its order (the task's whole spec) to drop it at once was about 22 allocations per task.
     pub fn read_skipping_orders(subject_suffix: &str, payload: &[u8]) -> Result<Event, Unreadable> {
         Event::read_with(subject_suffix, payload, Orders::Skip)
     }

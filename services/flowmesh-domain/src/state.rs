@@ -256,7 +256,7 @@ impl State {
     }
 
     /// `apply`, taking the event: an acceptance's workflow moves into the fold instead of being
-    /// copied (every task's spec, about 20 allocations for a one-task echo workflow). For a
+    /// copied (every task's spec, about 25 allocations for a one-task echo workflow). For a
     /// reader that keeps nothing else of what it folds, the router.
     pub fn apply_owned(&mut self, event: Event) -> Applied {
         match event.body {

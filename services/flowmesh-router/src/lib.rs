@@ -508,7 +508,7 @@ impl Router {
                 self.requests.touch(&event.body);
                 let id = tracing::enabled!(tracing::Level::DEBUG).then(|| event.id.clone());
                 let applied = self.state.apply_owned(event);
-                debug!(event = ?id, ?applied, "folded");
+                debug!(event = id.as_deref().unwrap_or_default(), ?applied, "folded");
             }
             Err(e) => {
                 self.unreadable += 1;
