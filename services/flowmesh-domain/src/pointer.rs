@@ -2,7 +2,7 @@
 //!
 //! `serde_json::Value::pointer` un-escapes every token into a new string, two per token, even
 //! where the token holds no `~`; the validator, placement and the echo runner look up a dozen
-//! fixed paths per workflow, which cost about 28 allocations per one-task workflow. `get`
+//! fixed paths per workflow (28 allocations per one-task workflow in validation alone). `get`
 //! answers exactly as `Value::pointer` does and allocates only for a token that holds `~`.
 
 use serde_json::Value;

@@ -279,7 +279,7 @@ impl Log {
             limits,
             owed: HashMap::new(),
             // Room taken now for every id it will remember: grown as it filled, the set moved
-            // every id at each doubling with every writer waiting (up to 25 ms at 57,344 ids).
+            // every id at each doubling with every writer waiting (12-14 ms at 57,344 ids).
             // Twice the limit, because an id forgotten leaves a tombstone until the table is
             // rehashed, and a table more than half full would rehash into a larger one. Pages
             // are touched as ids arrive, so a worker that ran little holds little of it.
