@@ -117,9 +117,12 @@ async fn a_router_resumed_from_its_checkpoint_purges_what_it_did_not_see_by_subj
     Ok(())
 }
 
+/// Late reports of a purged workflow, more than one purge round deletes.
+const LATE_REPORTS: usize = 4_200;
+
 /// A leader that stored a purge record and stopped before its round removed anything: the
 /// router that takes over removes what that record's round names, although none of it is due
-/// by its own kept period, and a report of that workflow that came after the record.
+/// by its own kept period, and every report of that workflow that came after the record.
 #[tokio::test]
 async fn a_router_taking_over_removes_what_the_latest_records_round_left_behind() -> anyhow::Result<()> {
     let mut world = World::start().await?;
@@ -139,17 +142,24 @@ async fn a_router_taking_over_removes_what_the_latest_records_round_left_behind(
     });
     let record = flowmesh_domain::Event::new(record, flowmesh_nats::clock::now_rfc3339(), 0);
     flowmesh_nats::publish::publish_event(&world.handles.js, &record, flowmesh_domain::event::Author::Service).await?;
-    // And a report of the purged workflow after its record (a worker a week late), under an id
-    // of its own so the stream keeps it: it goes too.
-    let mut late = world
+    // And reports of the purged workflow after its record (a worker a week late), each under an
+    // id of its own so the stream keeps it: more than one round deletes (4,096), and all go.
+    let completion = world
         .events()
         .into_iter()
         .find(|e| matches!(&e.body, flowmesh_domain::EventBody::TaskCompleted(c) if c.task.workflow_id == ended))
         .ok_or_else(|| anyhow::anyhow!("no completion of {ended}"))?;
-    late.id.push_str(".late");
-    flowmesh_nats::publish::publish_event(&world.handles.js, &late, flowmesh_domain::event::Author::Worker("w1"))
-        .await?;
-    assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 4);
+    let mut sent = Vec::new();
+    for n in 0..LATE_REPORTS {
+        let mut late = completion.clone();
+        late.id = format!("{}.late.{n}", completion.id);
+        let author = flowmesh_domain::event::Author::Worker("w1");
+        sent.push(flowmesh_nats::publish::send_event(&world.handles.js, &late, author).await?);
+    }
+    for in_flight in sent {
+        in_flight.stored(&world.handles.js).await?;
+    }
+    assert!(stored(&world, &subjects::workflow_events(&ended)).await? >= 3 + LATE_REPORTS);
 
     world.router_with(config("r2")).await?;
     until_gone(&world, &ended).await?;

@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod lease;
 mod secrets;
+mod singles;
 
 use async_nats::jetstream::{self, consumer, kv};
 use flowmesh_domain::event::{Author, WorkerJoined, WorkerLost};
@@ -203,7 +204,7 @@ struct Router {
     /// When contact with NATS was last regained (router clock); 0 before any outage.
     contact_since_ms: u64,
     /// The purge round in flight, off the loop: it hands back the workflows it could not purge.
-    purging: Option<tokio::task::JoinHandle<Vec<Purge>>>,
+    purging: Option<tokio::task::JoinHandle<(Vec<Purge>, Vec<u64>)>>,
     /// Workflows a record already lists whose purge failed: tried again in the next round.
     purge_again: Vec<Purge>,
     /// With retention on: the stream sequences of each workflow's events folded since its
@@ -216,9 +217,10 @@ struct Router {
     /// (`State::removing`): what it removes again if it takes over from the leader that stored
     /// the record, which may have stopped halfway.
     in_doubt: std::collections::HashMap<u64, Seqs>,
-    /// Events of workflows already purged that came after their record (a report a week late):
-    /// deleted by the leader's next round. At most `PURGE_BATCH` kept.
-    late: Vec<u64>,
+    /// Single messages to delete by their sequence: events of workflows already purged that came
+    /// after their record (a report a week late), and stale purge records whose deletion failed.
+    /// The leader's rounds take `PURGE_BATCH` of them at a time; a failed deletion is tried again.
+    late: singles::Singles,
     /// The latest record's round was taken up again since this router took the lease.
     removal_resumed: bool,
 }
@@ -277,7 +279,7 @@ pub async fn run(
         purge_again: Vec::new(),
         event_seqs: std::collections::HashMap::new(),
         in_doubt: std::collections::HashMap::new(),
-        late: Vec::new(),
+        late: singles::Singles::default(),
         removal_resumed: false,
         record_seqs: Vec::new(),
     };
@@ -403,8 +405,8 @@ pub async fn run(
 }
 
 /// Removes each workflow's events, `PURGES_IN_FLIGHT` workflows at once, and single messages
-/// (stale purge records, late events of purged workflows). Returns the workflows it could not
-/// remove, to try again next round.
+/// (stale purge records, late events of purged workflows). Returns the workflows and the single
+/// messages it could not remove, to try again next round.
 ///
 /// One message at a time, by its sequence: a purge request makes the server recount what every
 /// consumer of the log has pending, and the workers' dispatch consumers, whose filters have
@@ -417,7 +419,7 @@ async fn purge_workflows(
     log: jetstream::stream::Stream,
     work: Vec<Purge>,
     singles: Vec<u64>,
-) -> Vec<Purge> {
+) -> (Vec<Purge>, Vec<u64>) {
     let started = std::time::Instant::now();
     let (js, log) = (&js, &log);
     let removals = work.into_iter().map(|purge| async move {
@@ -455,14 +457,20 @@ async fn purge_workflows(
             }
         }
     }
-    for seq in singles {
-        if let Err(e) = flowmesh_nats::retention::delete_event(js, seq).await {
-            warn!(seq, error = %e, "could not delete a stale purge record or a late event");
+    let deletions =
+        singles.into_iter().map(|seq| async move { (seq, flowmesh_nats::retention::delete_event(js, seq).await) });
+    let mut deletions = futures_util::stream::iter(deletions).buffer_unordered(PURGES_IN_FLIGHT);
+    let mut singles_failed = Vec::new();
+    while let Some((seq, deleted)) = deletions.next().await {
+        if let Err(e) = deleted {
+            warn!(seq, error = %e, "could not delete a stale purge record or a late event; trying again next round");
+            singles_failed.push(seq);
         }
     }
+    singles_failed.sort_unstable();
     metrics::counter!("flowmesh_router_purged_workflows_total").increment(workflows);
     info!(workflows, messages, failed = failed.len(), took = ?started.elapsed(), "removed ended workflows' events");
-    failed
+    (failed, singles_failed)
 }
 
 /// The checkpoint back from its write off the loop; `None` (no more checkpoints, the log is
@@ -543,8 +551,15 @@ impl Router {
             return;
         };
         if self.state.purged().contains_seq(workflow) {
-            if self.late.len() < PURGE_BATCH {
-                self.late.push(seq);
+            if !self.late.note(seq) {
+                metrics::counter!("flowmesh_router_late_events_unnoted_total").increment(1);
+                if self.late.unnoted() == 1 {
+                    warn!(
+                        seq,
+                        limit = singles::LIMIT,
+                        "too many late events of purged workflows waiting to be deleted; the ones past the limit stay in the log"
+                    );
+                }
             }
             return;
         }
@@ -654,7 +669,10 @@ impl Router {
         }
         if let Some(round) = self.purging.take() {
             match round.await {
-                Ok(failed) => self.purge_again.extend(failed),
+                Ok((failed, singles_failed)) => {
+                    self.purge_again.extend(failed);
+                    self.late.give_back(singles_failed);
+                }
                 Err(e) => warn!(error = %e, "a purge round panicked"),
             }
         }
@@ -704,7 +722,7 @@ impl Router {
         }
         let stale = self.record_seqs.len().saturating_sub(1);
         let mut singles: Vec<u64> = self.record_seqs.drain(..stale).collect();
-        singles.append(&mut self.late);
+        singles.extend(self.late.take(PURGE_BATCH));
         if !work.is_empty() || !singles.is_empty() {
             let round = purge_workflows(self.handles.js.clone(), log.clone(), work, singles);
             self.purging = Some(tokio::spawn(round));
@@ -774,6 +792,7 @@ impl Router {
             "live_workers": live,
             "known_workers": known,
             "purged_workflows": self.state.purged().len(),
+            "late_events_to_delete": self.late.len(),
             "unreadable_events": self.unreadable,
         })
     }
