@@ -23,10 +23,21 @@ pub async fn submit(js: &jetstream::Context, body: Vec<u8>, msg_id: Option<&str>
     Ok((ids::workflow_id(ack.sequence), ack.sequence))
 }
 
-/// A message id no other submission has: this process, this instant.
+/// A message id no other submission has: this process (its id and the instant of its first
+/// submission) and a count of its submissions. Not the clock at each call: two calls may read
+/// the same instant, and a clock stepped back repeats one, and either would make the stream take
+/// a second document for the first one's retry, store nothing, and answer with the first one's
+/// workflow.
 fn fresh_msg_id() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-    format!("cli-{}-{nanos}", std::process::id())
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PROCESS: OnceLock<String> = OnceLock::new();
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let process = PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        format!("cli-{}-{nanos}", std::process::id())
+    });
+    format!("{process}-{}", COUNT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// How a followed workflow ended.
@@ -261,8 +272,18 @@ impl LiveView {
 
 #[cfg(test)]
 mod tests {
-    use super::progress_bar;
+    use super::{fresh_msg_id, progress_bar};
     use serde_json::json;
+
+    #[test]
+    fn message_ids_made_at_once_on_many_threads_never_repeat() {
+        let threads: Vec<_> =
+            (0..4).map(|_| std::thread::spawn(|| (0..20_000).map(|_| fresh_msg_id()).collect::<Vec<_>>())).collect();
+        let ids: Vec<String> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        assert!(ids.iter().all(|id| id.starts_with(&format!("cli-{}-", std::process::id()))), "{}", ids[0]);
+    }
 
     #[test]
     fn a_bar_follows_steps_or_items() {
