@@ -129,6 +129,7 @@ expect 0 flowmesh worker uncordon dev-worker-1
 expect 0 flowmesh validate examples/n8n/sft_then_inference.json
 expect 1 flowmesh validate examples/n8n/unsupported_openai.json
 expect 0 flowmesh streams apply
+expect 0 flowmesh streams prune-artifacts
 expect 0 flowmesh bench --dev --tasks 300 --concurrency 32 --raw
 expect 0 flowmesh bench --dev --tasks 300 --mix echo=1 --sweep
 flowmesh completions bash > flowmesh.bash

@@ -83,6 +83,7 @@ enum Action {
     FetchFromOthersStore,
     PurgeArtifacts,
     PurgeOwnStore,
+    PruneOwnStore,
     PurgeLog,
     DeleteLogMessage,
     DeleteConsumer,
@@ -138,6 +139,9 @@ const MATRIX: &[(Action, &[&str])] = &[
     (FetchFromOthersStore, &["submitter", "alice", "worker", "worker-own", "admin"]),
     (PurgeArtifacts, &["admin"]),
     (PurgeOwnStore, &["worker-own", "admin"]),
+    // As a worker prunes its store of purged workflows' files: the purge record read, the store
+    // listed, an object purged whole.
+    (PruneOwnStore, &["worker-own", "admin"]),
     // Retention: the router purges the events of workflows that ended long enough ago.
     (PurgeLog, &["router", "admin"]),
     (DeleteLogMessage, &["router", "admin"]),
@@ -214,6 +218,7 @@ impl Action {
             FetchFromOthersStore => "OBJ_flowmesh_artifacts_other",
             PurgeArtifacts => "STREAM.PURGE.OBJ_flowmesh_artifacts",
             PurgeOwnStore => "STREAM.PURGE.OBJ_flowmesh_artifacts_own",
+            PruneOwnStore => "$O.flowmesh_artifacts_own",
             RollUpOthersStore => "$O.flowmesh_artifacts_other",
             PurgeLog => "STREAM.PURGE.FLOWMESH_EVENTS",
             DeleteLogMessage => "STREAM.MSG.DELETE.FLOWMESH_EVENTS",
@@ -278,6 +283,7 @@ impl Action {
             FetchFromOthersStore => fetch(&me.js, OTHERS_STORE, &seeds.artifact).await,
             PurgeArtifacts => purge_store(&me.js, subjects::ARTIFACTS_BUCKET).await,
             PurgeOwnStore => purge_store(&me.js, OWN_STORE).await,
+            PruneOwnStore => prune_store(&me.js, OWN_STORE, user).await,
             PurgeLog => {
                 let stream = me.js.get_stream_no_info(subjects::EVENTS_STREAM).await.map_err(text)?;
                 stream.purge().filter(subjects::event("nothing.>")).await.map(drop).map_err(text)
@@ -333,6 +339,21 @@ async fn purge_store(js: &jetstream::Context, bucket: &str) -> Result<(), String
     let stream = js.get_stream_no_info(subjects::object_stream(bucket)).await.map_err(text)?;
     // A filter that matches nothing: the permission is on the request, not on what it purges.
     stream.purge().filter(format!("$O.{bucket}.C.nothing")).await.map(drop).map_err(text)
+}
+
+/// Stores a file of workflow `wf-424242` and prunes the store as if that workflow were purged
+/// (listing it, purging the file's chunks and record): the file, and only it, must go. Those
+/// who may not write the store are refused the file first.
+async fn prune_store(js: &jetstream::Context, bucket: &str, user: &str) -> Result<(), String> {
+    let store = js.get_object_store(bucket).await.map_err(text)?;
+    let mut data: &[u8] = b"of a purged workflow";
+    store.put(format!("wf-424242-main/prune-{user}.txt").as_str(), &mut data).await.map_err(text)?;
+    let mut purged = flowmesh_domain::ids::WorkflowIds::default();
+    purged.insert("wf-424242");
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged).await.map_err(text)? {
+        pruned if pruned.removed == 1 && pruned.failed == 0 => Ok(()),
+        pruned => Err(format!("{pruned:?}")),
+    }
 }
 
 /// Publishes with JetStream and waits for the stream's ack.

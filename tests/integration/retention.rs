@@ -168,3 +168,88 @@ async fn a_router_taking_over_removes_what_the_latest_records_round_left_behind(
     world.shutdown().await;
     Ok(())
 }
+
+/// A python stage that prints: its stdout log is stored in its worker's object store.
+const PRINTS: &str = "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata: {name: prints}\nspec:\n  stages:\n    - name: say\n      spec:\n        taskType: python\n        entrypoint: run\n        code: |\n          def run(inputs):\n              print('a line for the store')\n              return {'ok': True}\n";
+
+/// How many messages object store `bucket`'s stream holds (records and chunks).
+async fn store_messages(world: &World, bucket: &str) -> anyhow::Result<u64> {
+    let mut stream = world.handles.js.get_stream(subjects::object_stream(bucket)).await?;
+    Ok(stream.info().await?.state.messages)
+}
+
+#[tokio::test]
+async fn a_worker_removes_the_files_of_purged_workflows_from_its_store_and_keeps_the_rest() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.validator("validator", flowmesh_validator::Config::default()).await?;
+    let config = |instance: &str, keep_ended: Option<Duration>| {
+        let mut config = router_config(instance);
+        config.keep_ended = keep_ended;
+        config.schedule.no_worker_grace_ms = 10 * 60_000;
+        config
+    };
+    // First a router that keeps everything, so the ended workflow's files are seen in the store.
+    world.router_with(config("r1", None)).await?;
+    let mut worker = worker_config(&world, "w1", None);
+    worker.artifacts_prune = Some(Duration::from_millis(200));
+    world.worker(worker).await?;
+    let bucket = subjects::artifacts_bucket("w1");
+
+    let waits = world.submit(WAITS_FOR_A_GPU.as_bytes(), None).await?;
+    let ended = world.submit(PRINTS.as_bytes(), None).await?;
+    let end = world.wait_workflow_end(&ended).await?;
+    assert!(end.iter().any(|e| matches!(&e.body, flowmesh_domain::EventBody::TaskCompleted(_))), "{end:?}");
+    let store = world.handles.js.get_object_store(&bucket).await?;
+    let log = subjects::log_object(&format!("{ended}-say"), "stdout");
+    store.info(&log).await.map_err(|e| anyhow::anyhow!("{log} is not in {bucket}: {e}"))?;
+    // Files of a workflow still running, and one not named after a task, stay.
+    let running = subjects::artifact(&format!("{waits}-main"), "notes.txt");
+    store.put(running.as_str(), &mut &b"still needed"[..]).await?;
+    store.put("models/shared.bin", &mut &b"not a task's"[..]).await?;
+    let kept = 2 * 2; // each a record and one chunk
+    assert!(store_messages(&world, &bucket).await? > kept);
+
+    // A router that keeps ended workflows a second purges the ended one; the worker follows.
+    world.stop("r1").await?;
+    world.router_with(config("r2", Some(Duration::from_secs(1)))).await?;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while store.info(&log).await.is_ok() {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "{log} is still in {bucket}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    world
+        .wait_for("the purge record", |events| {
+            events.iter().any(
+                |e| matches!(&e.body, flowmesh_domain::EventBody::WorkflowsPurged(p) if p.workflows.contains(&ended)),
+            )
+        })
+        .await?;
+    // Removed whole: no chunk and no deletion marker stays, only what is kept.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while store_messages(&world, &bucket).await? != kept {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{bucket} holds {} messages, expected {kept}",
+            store_messages(&world, &bucket).await?
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for name in [running.as_str(), "models/shared.bin"] {
+        store.info(name).await.map_err(|e| anyhow::anyhow!("{name} was removed: {e}"))?;
+    }
+    assert_eq!(stored(&world, &subjects::workflow_events(&ended)).await?, 0, "{ended}'s events stayed");
+
+    // The shared store, which no worker prunes, is the admin's: one command prunes every store.
+    let shared = world.handles.js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
+    let old = subjects::artifact(&format!("{ended}-say"), "results.json");
+    shared.put(old.as_str(), &mut &b"{}"[..]).await?;
+    let out = world.cli(&["streams", "prune-artifacts", "--json"]).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let row = |bucket: &str| rows.iter().find(|r| r["bucket"] == bucket).cloned().unwrap_or_default();
+    assert_eq!(row(subjects::ARTIFACTS_BUCKET)["removed"], 1, "{rows:?}");
+    assert_eq!((row(&bucket)["removed"].clone(), row(&bucket)["kept"].clone()), (0.into(), 2.into()), "{rows:?}");
+    assert!(shared.info(&old).await.is_err(), "{old} is still in the shared store");
+    world.shutdown().await;
+    Ok(())
+}

@@ -22,6 +22,12 @@ pub fn workflow_of_task(task_id: &str) -> Option<&str> {
     (digits > 0 && rest[digits..].starts_with('-')).then(|| &task_id[..3 + digits])
 }
 
+/// The workflow whose task stored the object `name` (`wf-7` of `wf-7-train/results.json`): a
+/// task's files are named `<task_id>/<path>`. `None` for a name of any other form.
+pub fn workflow_of_object(name: &str) -> Option<&str> {
+    workflow_of_task(name.split_once('/')?.0)
+}
+
 /// Whether `name` can be a stage name (and so part of a subject token and an object name).
 pub fn is_valid_stage_name(name: &str) -> bool {
     let mut chars = name.chars();
@@ -302,5 +308,20 @@ mod tests {
             assert_eq!(workflow_of_task(task), want, "{task}");
         }
         assert_eq!(workflow_of_task(&task_id("wf-41", "main")), Some("wf-41"));
+    }
+
+    #[test]
+    fn a_stored_file_names_the_workflow_of_its_task() {
+        for (object, want) in [
+            ("wf-7-train/results.json", Some("wf-7")),
+            ("wf-7-train/final_lora/adapter_model.safetensors", Some("wf-7")),
+            ("wf-12-stage-2/logs/stdout.log", Some("wf-12")),
+            ("wf-7-train", None),
+            ("wf-7/results.json", None),
+            ("models/wf-7-train/x", None),
+            ("", None),
+        ] {
+            assert_eq!(workflow_of_object(object), want, "{object}");
+        }
     }
 }

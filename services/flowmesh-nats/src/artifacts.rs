@@ -6,7 +6,9 @@
 
 use crate::{EdgeError, subjects};
 use async_nats::jetstream::{self, object_store::ObjectStore};
-use flowmesh_domain::event::Artifact;
+use flowmesh_domain::event::{Artifact, Event, EventBody};
+use flowmesh_domain::ids::{WorkflowIds, workflow_of_object};
+use futures_util::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
 use tokio::sync::Mutex;
 
@@ -63,6 +65,100 @@ pub async fn product_streams(js: &jetstream::Context) -> Result<Vec<String>, Edg
     let mut streams = subjects::all_streams().to_vec();
     streams.extend(names.into_iter().filter(|n| n.starts_with(&own)));
     Ok(streams)
+}
+
+/// The latest retention record (`workflows.purged`): every workflow whose events the router has
+/// removed from the log, with the record's sequence there (a later record has a higher one);
+/// `None` where nothing was ever purged. Only the router and the admin may write that subject,
+/// and the record is believed only where `Event::read` accepts it.
+pub async fn purged_workflows(js: &jetstream::Context) -> Result<Option<(u64, WorkflowIds)>, EdgeError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let what = "reading the latest purge record";
+    let log = js.get_stream_no_info(subjects::EVENTS_STREAM).await.map_err(|e| EdgeError::transient(what, e))?;
+    let message = match log.get_last_raw_message_by_subject(&subjects::purge_records()).await {
+        Ok(message) => message,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(EdgeError::transient(what, e)),
+    };
+    let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+    match Event::read(suffix, &message.payload) {
+        Ok(Event { body: EventBody::WorkflowsPurged(record), .. }) => Ok(Some((message.sequence, record.workflows))),
+        Ok(event) => Err(EdgeError::Unreadable {
+            what: format!("the purge record at seq {}", message.sequence),
+            why: format!("it is a {}", event.body.kind()),
+        }),
+        Err(why) => Err(EdgeError::Unreadable {
+            what: format!("the purge record at seq {}", message.sequence),
+            why: why.to_string(),
+        }),
+    }
+}
+
+/// What one pruning of an object store found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// Objects of purged workflows removed (their chunks and their record).
+    pub removed: u64,
+    /// Objects of purged workflows that could not be removed: the next pruning finds them again.
+    pub failed: u64,
+    /// Objects kept: of workflows still in the log, or not named after a task.
+    pub kept: u64,
+}
+
+/// Objects removed at once by one pruning.
+const REMOVALS_IN_FLIGHT: usize = 16;
+
+/// Removes from object store `bucket` every file of a workflow in `purged` (its name's task, see
+/// `ids::workflow_of_object`), so a task's files go when retention removes its workflow's events
+/// and no sooner. Each object goes whole: its chunks first, then its record, so one left half
+/// removed (a crash between the two) is still listed and removed by the next pruning, and no
+/// tombstone stays behind (a store's `delete` keeps one record per object for ever). Needs the
+/// right to purge that store's stream: a worker has it for its own store, the admin for every one.
+pub async fn prune(js: &jetstream::Context, bucket: &str, purged: &WorkflowIds) -> Result<Pruned, EdgeError> {
+    let store = js.get_object_store(bucket).await.map_err(|e| EdgeError::transient(format!("opening {bucket}"), e))?;
+    let stream = subjects::object_stream(bucket);
+    let stream =
+        js.get_stream_no_info(&stream).await.map_err(|e| EdgeError::transient(format!("opening {stream}"), e))?;
+    let listing = format!("listing {bucket}");
+    let mut list = store.list().await.map_err(|e| EdgeError::transient(listing.clone(), e))?;
+    let mut doomed = Vec::new();
+    let mut pruned = Pruned::default();
+    while let Some(info) = list.try_next().await.map_err(|e| EdgeError::transient(listing.clone(), e))? {
+        if workflow_of_object(&info.name).is_some_and(|workflow| purged.contains(workflow)) {
+            doomed.push((info.name, info.nuid));
+        } else {
+            pruned.kept += 1;
+        }
+    }
+    let removals = futures_util::stream::iter(doomed)
+        .map(|(name, nuid)| {
+            let stream = &stream;
+            async move {
+                use base64::Engine;
+                let record = base64::engine::general_purpose::URL_SAFE.encode(&name);
+                stream.purge().filter(format!("$O.{bucket}.C.{nuid}")).await?;
+                stream.purge().filter(format!("$O.{bucket}.M.{record}")).await?;
+                Ok::<_, async_nats::jetstream::stream::PurgeError>(())
+            }
+        })
+        .buffer_unordered(REMOVALS_IN_FLIGHT);
+    futures_util::pin_mut!(removals);
+    while let Some(removed) = removals.next().await {
+        match removed {
+            Ok(()) => pruned.removed += 1,
+            Err(e) => {
+                tracing::debug!(%bucket, error = %e, "could not remove an object of a purged workflow");
+                pruned.failed += 1;
+            }
+        }
+    }
+    Ok(pruned)
+}
+
+/// Every object store of FlowMesh's: the shared one and each worker's own that exists now.
+pub async fn stores(js: &jetstream::Context) -> Result<Vec<String>, EdgeError> {
+    let prefix = subjects::object_stream("");
+    Ok(product_streams(js).await?.iter().filter_map(|s| s.strip_prefix(&prefix)).map(str::to_owned).collect())
 }
 
 /// Why a stored file could not be read.

@@ -10,6 +10,9 @@ pub enum EdgeError {
     /// An existing stream or bucket differs from `streams/`: an operator must decide.
     #[error("{kind} {name} exists with {field} = {found}, but streams/ defines {expected}; refusing to change it")]
     Conflict { kind: &'static str, name: String, field: &'static str, expected: String, found: String },
+    /// A message that must be readable is not (only the services may write it).
+    #[error("{what} is unreadable: {why}")]
+    Unreadable { what: String, why: String },
     /// A definition in `streams/` cannot be used.
     #[error("bad definition in streams/{file}: {message}")]
     Definition { file: &'static str, message: String },

@@ -81,6 +81,11 @@ pub struct WorkerArgs {
     /// that share one NATS user (no identity of their own) set the shared `flowmesh_artifacts`.
     #[arg(long, env = "WORKER_ARTIFACTS_BUCKET")]
     pub worker_artifacts_bucket: Option<String>,
+    /// Seconds between two prunings of its own object store: the files of workflows whose
+    /// events retention removed from the log (`ROUTER_KEEP_ENDED_SEC`) are removed with them.
+    /// 0: never. The shared store is pruned by the admin (`flowmesh artifacts prune`).
+    #[arg(long, env = "WORKER_ARTIFACTS_PRUNE_SEC", default_value = "600", allow_hyphen_values = true, value_parser = parse::count)]
+    pub worker_artifacts_prune_sec: u32,
 }
 
 /// The validated configuration.
@@ -112,6 +117,9 @@ pub struct Config {
     pub model_cache: Option<PathBuf>,
     /// The object store its tasks' files go to (`subjects::artifacts_bucket` by default).
     pub artifacts_bucket: String,
+    /// How often its own store loses the files of purged workflows (`WORKER_ARTIFACTS_PRUNE_SEC`);
+    /// `None`: never.
+    pub artifacts_prune: Option<Duration>,
 }
 
 impl Config {
@@ -140,6 +148,7 @@ impl Config {
             ack_wait: Duration::from_secs(30),
             model_cache: None,
             artifacts_bucket: flowmesh_nats::subjects::artifacts_bucket(worker_id),
+            artifacts_prune: Some(Duration::from_secs(600)),
         }
     }
 }
@@ -291,6 +300,8 @@ impl WorkerArgs {
                 .filter(|p| !p.as_os_str().is_empty())
                 .or_else(crate::warm::default_dir),
             artifacts_bucket,
+            artifacts_prune: (self.worker_artifacts_prune_sec > 0)
+                .then(|| Duration::from_secs(self.worker_artifacts_prune_sec.into())),
             worker_id,
         })
     }
@@ -331,6 +342,7 @@ mod tests {
             (&["--worker-service-slots", "x"], "WORKER_SERVICE_SLOTS"),
             (&["--ssh-bind-address", "everywhere"], "SSH_BIND_ADDRESS"),
             (&["--worker-artifacts-bucket", "a.b"], "WORKER_ARTIFACTS_BUCKET"),
+            (&["--worker-artifacts-prune-sec", "-1"], "WORKER_ARTIFACTS_PRUNE_SEC"),
         ];
         for (flags, variable) in cases {
             let err = config(flags).expect_err("must be refused");
@@ -365,5 +377,7 @@ mod tests {
             config(&["--ssh-max-memory", "8Gi", "--ssh-max-cpu", "1.5", "--worker-service-slots", "0"]).unwrap();
         assert_eq!(typed.ssh_limits.max_memory_bytes, Some(8 << 30));
         assert_eq!((typed.ssh_limits.max_cpu, typed.service_slots), (Some(1.5), 0));
+        assert_eq!(c.artifacts_prune, Some(Duration::from_secs(600)));
+        assert_eq!(config(&["--worker-artifacts-prune-sec", "0"]).unwrap().artifacts_prune, None);
     }
 }

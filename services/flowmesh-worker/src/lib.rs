@@ -335,6 +335,25 @@ pub async fn run(
             }
         });
     }
+    // Its own store loses the files of workflows whose events retention removed from the log.
+    // The shared store is the admin's to prune: its user may not purge it.
+    if let Some(every) = shared.config.artifacts_prune
+        && shared.config.artifacts_bucket != subjects::ARTIFACTS_BUCKET
+    {
+        let shared = shared.clone();
+        let mut stop = shutdown.clone();
+        background.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut done = None;
+            loop {
+                tokio::select! {
+                    _ = stop.wait() => break,
+                    _ = tick.tick() => done = prune_own_store(&shared, done).await,
+                }
+            }
+        });
+    }
     // The runners are asked in the background (importing torch and TRL takes tens of seconds):
     // the worker serves what it has meanwhile, and advertises a runner's types only once it has
     // initialised, in a snapshot published at once.
@@ -473,6 +492,36 @@ pub async fn run(
     }
     info!(worker_id = %id, "worker stopped");
     Ok(())
+}
+
+/// Removes from the worker's own store the files of every workflow the latest purge record
+/// lists, unless `done` (the sequence of the record a pruning last applied in full) is that
+/// record: a store is listed once per record, not once per interval. Returns the record now
+/// applied in full.
+async fn prune_own_store(shared: &Shared, done: Option<u64>) -> Option<u64> {
+    let js = &shared.handles.js;
+    let bucket = &shared.config.artifacts_bucket;
+    let (record, purged) = match flowmesh_nats::artifacts::purged_workflows(js).await {
+        Ok(Some(latest)) if Some(latest.0) != done => latest,
+        Ok(_) => return done,
+        Err(e) => {
+            warn!(error = %e, "pruning the object store: the purge record could not be read; trying again later");
+            return done;
+        }
+    };
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged).await {
+        Ok(pruned) => {
+            metrics::counter!("flowmesh_worker_artifacts_pruned_total").increment(pruned.removed);
+            if pruned.removed + pruned.failed > 0 {
+                info!(%bucket, removed = pruned.removed, failed = pruned.failed, kept = pruned.kept, "pruned the files of purged workflows");
+            }
+            if pruned.failed == 0 { Some(record) } else { done }
+        }
+        Err(e) => {
+            warn!(%bucket, error = %e, "pruning the object store failed; trying again later");
+            done
+        }
+    }
 }
 
 async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shutdown) {
@@ -1047,7 +1096,8 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
         let info = match stored {
             Ok(info) => info,
             // An object of that name existed (an earlier attempt's) and the new one is stored;
-            // only the old chunks stay behind, since no role but the admin may purge.
+            // only the old chunks stay behind where this worker's user may not purge its store
+            // (the shared user and the shared store).
             Err(e) if e.kind() == async_nats::jetstream::object_store::PutErrorKind::PurgeOldChunks => {
                 tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until an admin compacts");
                 shared.artifacts.info(name).await.map_err(|e| Upload::Transient(e.to_string()))?

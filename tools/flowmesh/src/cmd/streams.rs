@@ -1,5 +1,6 @@
-//! `flowmesh streams apply|status|server-config`: the streams, buckets and object store defined
-//! in `streams/`, their replication health, and a server config with a user per worker.
+//! `flowmesh streams apply|status|server-config|prune-artifacts`: the streams, buckets and object
+//! store defined in `streams/`, their replication health, a server config with a user per
+//! worker, and the removal of purged workflows' files from every object store.
 
 use flowmesh::{table, views};
 use flowmesh_nats::cli::NatsArgs;
@@ -29,6 +30,30 @@ pub enum Command {
         #[arg(long = "submitter")]
         submitters: Vec<String>,
     },
+    /// Remove from every object store (the shared one and each worker's, a departed worker's
+    /// too) the files of the workflows whose events retention purged from the log. Workers
+    /// prune their own stores by themselves (WORKER_ARTIFACTS_PRUNE_SEC); this is the admin's
+    /// way for the rest. Exit 0 when nothing failed.
+    PruneArtifacts {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// One store's line of `prune-artifacts`.
+#[derive(serde::Serialize)]
+struct PrunedStore {
+    bucket: String,
+    removed: u64,
+    failed: u64,
+    kept: u64,
+}
+
+impl table::Row for PrunedStore {
+    const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "FAILED", "KEPT"];
+    fn cells(&self) -> Vec<String> {
+        vec![self.bucket.clone(), self.removed.to_string(), self.failed.to_string(), self.kept.to_string()]
+    }
 }
 
 pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> {
@@ -54,6 +79,24 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             let config = flowmesh_nats::auth::server_config(&workers, &submitters).map_err(|e| anyhow::anyhow!(e))?;
             print!("{config}");
             Ok(ExitCode::SUCCESS)
+        }
+        Command::PruneArtifacts { json } => {
+            let (_, handles) = nats.handles("flowmesh-cli").await?;
+            let Some((_, purged)) = flowmesh_nats::artifacts::purged_workflows(&handles.js).await? else {
+                println!("no workflow was purged from the log yet: nothing to prune");
+                return Ok(ExitCode::SUCCESS);
+            };
+            let mut rows = Vec::new();
+            for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
+                let pruned = flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged).await?;
+                rows.push(PrunedStore { bucket, removed: pruned.removed, failed: pruned.failed, kept: pruned.kept });
+            }
+            if json {
+                super::print_sorted_json(&rows)?;
+            } else {
+                print!("{}", table::rows(&rows));
+            }
+            Ok(super::exit(rows.iter().all(|r| r.failed == 0)))
         }
         Command::Apply => {
             let (_, _, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
