@@ -239,6 +239,13 @@ async fn a_worker_removes_the_files_of_purged_workflows_from_its_store_and_keeps
     }
     assert_eq!(stored(&world, &subjects::workflow_events(&ended)).await?, 0, "{ended}'s events stayed");
 
+    // Asking for its task or its files says why they are gone.
+    for args in [["task", "info"], ["result", "fetch"]] {
+        let out = world.cli(&[args[0], args[1], &format!("{ended}-say")]).await?;
+        let text = tests::output_text(&out);
+        assert!(!out.status.success() && text.contains("purged"), "{args:?}: {text}");
+    }
+
     // The shared store, which no worker prunes, is the admin's: one command prunes every store.
     let shared = world.handles.js.get_object_store(subjects::ARTIFACTS_BUCKET).await?;
     let old = subjects::artifact(&format!("{ended}-say"), "results.json");

@@ -144,6 +144,24 @@ pub async fn fold_task(js: &jetstream::Context, task_id: &str) -> anyhow::Result
     let workflow_id = flowmesh_domain::ids::workflow_of_task(task_id)
         .ok_or_else(|| anyhow::anyhow!("{task_id:?} is not a task id (wf-<n>-<stage>)"))?;
     let state = fold(js, subjects::workflow_events(workflow_id)).await?;
-    anyhow::ensure!(state.task(task_id).is_some(), "no task {task_id}");
+    if state.task(task_id).is_none() {
+        match purged(js, workflow_id).await {
+            Some(why) => anyhow::bail!("{why}"),
+            None => anyhow::bail!("no task {task_id}"),
+        }
+    }
     Ok(state)
+}
+
+/// Why the log holds nothing of `workflow_id` where the latest retention record lists it: the
+/// router purged its events, and the workers remove its files with them. `None` otherwise (an
+/// unreadable record included: the caller then says the workflow is unknown).
+pub async fn purged(js: &jetstream::Context, workflow_id: &str) -> Option<String> {
+    let (_, purged) = flowmesh_nats::artifacts::purged_workflows(js).await.ok()??;
+    purged.contains(workflow_id).then(|| {
+        format!(
+            "{workflow_id} ended longer ago than the router keeps events (ROUTER_KEEP_ENDED_SEC): its events were \
+             purged, and its files are removed with them"
+        )
+    })
 }

@@ -128,13 +128,10 @@ async fn from_log(nats: &NatsArgs, command: FromLog) -> anyhow::Result<ExitCode>
             }
             let Some(wf) = state.workflows.get(&id) else {
                 // The latest purge record lists every workflow whose events retention removed.
-                let purged = log::fold(&handles.js, subjects::purge_records()).await?;
-                if purged.purged().contains(&id) {
-                    anyhow::bail!(
-                        "{id} ended longer ago than the router keeps events (ROUTER_KEEP_ENDED_SEC); its events were purged"
-                    );
+                match log::purged(&handles.js, &id).await {
+                    Some(why) => anyhow::bail!("{why}"),
+                    None => anyhow::bail!("no workflow {id}"),
                 }
-                anyhow::bail!("no workflow {id}");
             };
             if json {
                 println!("{}", serde_json::to_string_pretty(wf)?);
@@ -172,7 +169,10 @@ async fn logs(
 ) -> anyhow::Result<ExitCode> {
     let state = log::fold(js, subjects::workflow_events(&args.id)).await?;
     let Some(wf) = state.workflows.get(&args.id) else {
-        anyhow::bail!("no workflow {}", args.id);
+        match log::purged(js, &args.id).await {
+            Some(why) => anyhow::bail!("{why}"),
+            None => anyhow::bail!("no workflow {}", args.id),
+        }
     };
     let stores = flowmesh_nats::artifacts::Stores::new(js);
     let stream = if args.stderr { "stderr" } else { "stdout" };
