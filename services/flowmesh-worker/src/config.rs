@@ -83,7 +83,7 @@ pub struct WorkerArgs {
     pub worker_artifacts_bucket: Option<String>,
     /// Seconds between two prunings of its own object store: the files of workflows whose
     /// events retention removed from the log (`ROUTER_KEEP_ENDED_SEC`) are removed with them.
-    /// 0: never. The shared store is pruned by the admin (`flowmesh artifacts prune`).
+    /// 0: never. The shared store is pruned by the admin (`flowmesh streams prune-artifacts`).
     #[arg(long, env = "WORKER_ARTIFACTS_PRUNE_SEC", default_value = "600", allow_hyphen_values = true, value_parser = parse::count)]
     pub worker_artifacts_prune_sec: u32,
 }

@@ -33,7 +33,8 @@ pub enum Command {
     /// Remove from every object store (the shared one and each worker's, a departed worker's
     /// too) the files of the workflows whose events retention purged from the log. Workers
     /// prune their own stores by themselves (WORKER_ARTIFACTS_PRUNE_SEC); this is the admin's
-    /// way for the rest. Exit 0 when nothing failed.
+    /// way for the rest. A store that cannot be pruned is named with why, and the others are
+    /// still pruned. Exit 0 when nothing failed.
     PruneArtifacts {
         #[arg(long)]
         json: bool,
@@ -47,12 +48,16 @@ struct PrunedStore {
     removed: u64,
     failed: u64,
     kept: u64,
+    /// Why the store could not be listed or opened (nothing of it was removed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
 }
 
 impl table::Row for PrunedStore {
-    const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "FAILED", "KEPT"];
+    const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "FAILED", "KEPT", "NOTE"];
     fn cells(&self) -> Vec<String> {
-        vec![self.bucket.clone(), self.removed.to_string(), self.failed.to_string(), self.kept.to_string()]
+        let counts = [self.removed, self.failed, self.kept].map(|n| n.to_string());
+        [vec![self.bucket.clone()], counts.to_vec(), vec![self.error.clone().unwrap_or_default()]].concat()
     }
 }
 
@@ -88,15 +93,19 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             };
             let mut rows = Vec::new();
             for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
-                let pruned = flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged).await?;
-                rows.push(PrunedStore { bucket, removed: pruned.removed, failed: pruned.failed, kept: pruned.kept });
+                let (pruned, error) = match flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged).await {
+                    Ok(pruned) => (pruned, None),
+                    Err(e) => (Default::default(), Some(e.to_string())),
+                };
+                let flowmesh_nats::artifacts::Pruned { removed, failed, kept } = pruned;
+                rows.push(PrunedStore { bucket, removed, failed, kept, error });
             }
             if json {
                 super::print_sorted_json(&rows)?;
             } else {
                 print!("{}", table::rows(&rows));
             }
-            Ok(super::exit(rows.iter().all(|r| r.failed == 0)))
+            Ok(super::exit(rows.iter().all(|r| r.failed == 0 && r.error.is_none())))
         }
         Command::Apply => {
             let (_, _, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
