@@ -21,6 +21,7 @@ mod security;
 mod serve;
 mod skeleton;
 mod ssh;
+mod streams;
 mod trace;
 mod validator;
 mod verbs;

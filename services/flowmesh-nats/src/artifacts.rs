@@ -13,9 +13,13 @@ use std::collections::BTreeMap;
 use tokio::sync::Mutex;
 
 /// Opens a worker's own object store, creating it where it is missing with the settings of the
-/// shared `flowmesh_artifacts` (storage, age limit, replicas), which the topology has in place.
+/// shared `flowmesh_artifacts` (storage, age limit, replicas, consumer limit), which the
+/// topology has in place; one found with another consumer limit is given the shared one's
+/// (`topology::ensure_consumer_limit`: only where this user may update it).
 pub async fn ensure_bucket(js: &jetstream::Context, bucket: &str) -> Result<ObjectStore, EdgeError> {
     if let Ok(store) = js.get_object_store(bucket).await {
+        let like = shared_settings(js).await?;
+        crate::topology::ensure_consumer_limit(js, &subjects::object_stream(bucket), like.max_consumers).await?;
         return Ok(store);
     }
     match create_bucket(js, bucket).await {
@@ -25,24 +29,37 @@ pub async fn ensure_bucket(js: &jetstream::Context, bucket: &str) -> Result<Obje
     }
 }
 
-/// Creates a worker's own object store (succeeding too where one of the same settings exists).
-pub async fn create_bucket(js: &jetstream::Context, bucket: &str) -> Result<ObjectStore, EdgeError> {
+/// The shared store's stream settings, which every worker's own store takes.
+async fn shared_settings(js: &jetstream::Context) -> Result<jetstream::stream::Config, EdgeError> {
     let shared_stream = subjects::object_stream(subjects::ARTIFACTS_BUCKET);
     let mut shared = js
         .get_stream(&shared_stream)
         .await
         .map_err(|e| EdgeError::transient(format!("looking up {shared_stream}"), e))?;
-    let like =
-        shared.info().await.map_err(|e| EdgeError::transient(format!("reading {shared_stream}"), e))?.config.clone();
-    let config = jetstream::object_store::Config {
-        bucket: bucket.to_owned(),
+    Ok(shared.info().await.map_err(|e| EdgeError::transient(format!("reading {shared_stream}"), e))?.config.clone())
+}
+
+/// Creates a worker's own object store (succeeding too where one of the same settings exists).
+/// Its stream is made here, as an object store's always is (its chunk and record subjects,
+/// rollups for the records, direct reads, refusing when full), so that it can carry the shared
+/// store's consumer limit, which the client's `create_object_store` cannot set.
+pub async fn create_bucket(js: &jetstream::Context, bucket: &str) -> Result<ObjectStore, EdgeError> {
+    use jetstream::stream::{Config, DiscardPolicy};
+    let like = shared_settings(js).await?;
+    let config = Config {
+        name: subjects::object_stream(bucket),
         description: Some(format!("Task results and artifacts stored by one worker ({bucket}).")),
+        subjects: vec![format!("$O.{bucket}.C.>"), format!("$O.{bucket}.M.>")],
         max_age: like.max_age,
         storage: like.storage,
         num_replicas: like.num_replicas,
+        max_consumers: like.max_consumers,
+        discard: DiscardPolicy::New,
+        allow_rollup: true,
+        allow_direct: true,
         ..Default::default()
     };
-    js.create_object_store(config).await.map_err(|e| {
+    let refused = |e: String| {
         EdgeError::transient(
             format!(
                 "creating the worker's object store {bucket} (its NATS user must be allowed to create it: \
@@ -50,9 +67,11 @@ pub async fn create_bucket(js: &jetstream::Context, bucket: &str) -> Result<Obje
                  set WORKER_ARTIFACTS_BUCKET={})",
                 subjects::ARTIFACTS_BUCKET
             ),
-            e,
+            std::io::Error::other(e),
         )
-    })
+    };
+    js.create_stream(config).await.map_err(|e| refused(e.to_string()))?;
+    js.get_object_store(bucket).await.map_err(|e| refused(e.to_string()))
 }
 
 /// Every stream FlowMesh stores messages in: `subjects::all_streams` and each worker's own

@@ -30,6 +30,8 @@ pub struct KvDef {
     pub allow_rollup: bool,
     pub max_age_sec: u64,
     pub max_value_size: i32,
+    /// How many consumers its stream takes (see `ensure_consumer_limit`).
+    pub max_consumers: i32,
     pub storage: stream::StorageType,
     pub num_replicas: usize,
 }
@@ -41,6 +43,9 @@ pub struct ObjDef {
     pub bucket: String,
     pub description: String,
     pub max_age_sec: u64,
+    /// How many consumers its stream takes (see `ensure_consumer_limit`); a worker's own store
+    /// takes what the shared one does.
+    pub max_consumers: i32,
     pub storage: stream::StorageType,
     pub num_replicas: usize,
 }
@@ -222,6 +227,7 @@ async fn ensure_stream(js: &jetstream::Context, config: &stream::Config) -> Resu
                 .map_err(|e| EdgeError::transient(format!("shortening the duplicate window of {}", config.name), e))?;
             tracing::info!(stream = %config.name, from = ?longer, to = ?config.duplicate_window, "duplicate window shortened");
         }
+        raise_consumer_limit(js, &mut have, config.max_consumers).await;
         return compare_stream(config, &have);
     }
     match js.create_stream(config.clone()).await {
@@ -252,6 +258,37 @@ fn compare_bucket(
     Ok(())
 }
 
+/// Gives stream `name` the consumer limit `want` where it has another. nats-server 2.15 puts a
+/// limit of 1,000 consumers on every stream that sets none (and still reports -1): a fleet of
+/// more workers (a durable consumer each on the log) could not start, and a thousand readers
+/// within the server's 30 s grace for a departed one (`flowmesh submit`, `watch`, `events`)
+/// were refused. Nothing stored changes. A user who may not update streams (every role but the
+/// admin) is told to have the admin apply the definitions, and goes on.
+pub async fn ensure_consumer_limit(js: &jetstream::Context, name: &str, want: i32) -> Result<(), EdgeError> {
+    if let Some(mut have) = existing(js, name).await? {
+        raise_consumer_limit(js, &mut have, want).await;
+    }
+    Ok(())
+}
+
+async fn raise_consumer_limit(js: &jetstream::Context, have: &mut stream::Config, want: i32) {
+    if have.max_consumers == want {
+        return;
+    }
+    let mut config = have.clone();
+    config.max_consumers = want;
+    match js.update_stream(&config).await {
+        Ok(_) => {
+            tracing::info!(stream = %have.name, from = have.max_consumers, to = want, "consumer limit set");
+            *have = config;
+        }
+        Err(e) => tracing::warn!(
+            stream = %have.name, has = have.max_consumers, defined = want, error = %e,
+            "the stream keeps the server's consumer limit (1,000 where it sets none): the admin sets the defined one with `flowmesh streams apply`"
+        ),
+    }
+}
+
 fn rollups_allowed() -> bool {
     true
 }
@@ -259,7 +296,8 @@ fn rollups_allowed() -> bool {
 async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError> {
     let stream_name = format!("KV_{}", def.bucket);
     let max_age = Duration::from_secs(def.max_age_sec);
-    if let Some(have) = existing(js, &stream_name).await? {
+    if let Some(mut have) = existing(js, &stream_name).await? {
+        raise_consumer_limit(js, &mut have, def.max_consumers).await;
         return compare_bucket("bucket", &def.bucket, max_age, Some(def.history), &have);
     }
     let config = kv::Config {
@@ -294,13 +332,14 @@ async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError
             js.update_stream(&config).await.map_err(|e| EdgeError::transient(what(), e))?;
         }
     }
-    Ok(())
+    ensure_consumer_limit(js, &stream_name, def.max_consumers).await
 }
 
 async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<(), EdgeError> {
     let stream_name = format!("OBJ_{}", def.bucket);
     let max_age = Duration::from_secs(def.max_age_sec);
-    if let Some(have) = existing(js, &stream_name).await? {
+    if let Some(mut have) = existing(js, &stream_name).await? {
+        raise_consumer_limit(js, &mut have, def.max_consumers).await;
         return compare_bucket("object store", &def.bucket, max_age, None, &have);
     }
     let config = object_store::Config {
@@ -319,7 +358,7 @@ async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<()
             }
         }
     }
-    Ok(())
+    ensure_consumer_limit(js, &stream_name, def.max_consumers).await
 }
 
 #[cfg(test)]

@@ -108,7 +108,14 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             Ok(super::exit(rows.iter().all(|r| r.failed == 0 && r.error.is_none())))
         }
         Command::Apply => {
-            let (_, _, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
+            let (_, handles, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
+            // Every worker's own store takes as many consumers as the shared one.
+            let topology = flowmesh_nats::topology::Topology::load(replicas)?;
+            let limit = topology.objects.iter().map(|o| o.max_consumers).max().unwrap_or_default();
+            for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
+                let stream = subjects::object_stream(&bucket);
+                flowmesh_nats::topology::ensure_consumer_limit(&handles.js, &stream, limit).await?;
+            }
             println!(
                 "streams {}, {}, {}, buckets {}, {} and object store {} are in place ({} replica(s))",
                 subjects::SUBMISSIONS_STREAM,
