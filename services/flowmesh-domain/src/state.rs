@@ -531,6 +531,27 @@ impl State {
         ended.ids.insert(workflow_id);
     }
 
+    /// Moves an ended workflow's noted end to `time` when that is later: it is then purged no
+    /// sooner than what ended at `time`. One not noted (still running, or purged) is left alone.
+    fn ended_again(&mut self, workflow_id: &str, time: &str) {
+        let ms = crate::trace::unix_ms(time).unwrap_or(0);
+        let Some((&minute, _)) = self.unpurged.iter().find(|(_, ended)| ended.ids.contains(workflow_id)) else {
+            return;
+        };
+        if minute >= ms / 60_000 {
+            return;
+        }
+        let mut one = crate::ids::WorkflowIds::default();
+        one.insert(workflow_id);
+        if let Some(ended) = self.unpurged.get_mut(&minute) {
+            ended.ids.remove_all(&one);
+            if ended.ids.is_empty() {
+                self.unpurged.remove(&minute);
+            }
+        }
+        self.ended_at(workflow_id, time);
+    }
+
     /// Up to `limit` workflows whose events may be purged now: ended (or rejected) in a minute
     /// whose last end lies before `ended_before_ms`, already dropped from the fold
     /// (`forget_ended`), and holding no execution that a task of a running workflow took its
@@ -661,8 +682,20 @@ impl State {
         wf.status = status;
         wf.reason = e.reason.clone();
         self.running.remove(&wf.seq);
+        // Workflows whose executions its merged tasks took their results from: their files
+        // are this workflow's results too, so they stay as long as its events do.
+        let lenders: BTreeSet<String> = wf
+            .tasks
+            .iter()
+            .filter_map(|t| crate::ids::workflow_of_task(t.merged_into.as_deref()?))
+            .filter(|lender| *lender != e.workflow_id)
+            .map(str::to_owned)
+            .collect();
         self.ended.push(e.workflow_id.clone());
         self.ended_at(&e.workflow_id, time);
+        for lender in &lenders {
+            self.ended_again(lender, time);
+        }
         Applied::Changed
     }
 

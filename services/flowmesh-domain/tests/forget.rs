@@ -220,11 +220,13 @@ fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_work
     ] {
         assert_eq!(state.due_for_purge(before, limit), due, "ended before {before}, up to {limit}");
     }
-    // Once wf-5 ends (10:03), wf-4 may go with it.
+    // Once wf-5 ends (10:03), wf-4 may go with it, and no sooner: wf-4's files are wf-5's
+    // results too, so wf-4 counts as ended when wf-5 did.
     route_at(&mut state, &fleet, &at(3, 0));
     assert_eq!(state.workflows["wf-5"].status, WorkflowStatus::Completed);
     state.forget_ended();
-    assert_eq!(state.due_for_purge(ms(4), 100), ["wf-1", "wf-4", "wf-2", "wf-5"]);
+    assert_eq!(state.due_for_purge(ms(3), 100), ["wf-1", "wf-2"]);
+    assert_eq!(state.due_for_purge(ms(4), 100), ["wf-1", "wf-2", "wf-4", "wf-5"]);
 
     // The record of a purge takes them out of what is due, and survives a checkpoint. The
     // fold keeps what the latest record's round removes, and only that: each record is stored
