@@ -30,7 +30,7 @@ command -v nats-server >/dev/null || { echo "bench-processes: nats-server is not
 source tools/scratch.sh
 scratch_start bench-processes
 port=$(free_port)
-printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "1s" }\n' "$port" "$dir" >"$dir/nats.conf"
+printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "200ms" }\n' "$port" "$dir" >"$dir/nats.conf"
 nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
 pids+=($!)
 export NATS_URL="nats://127.0.0.1:$port" RUST_LOG=warn

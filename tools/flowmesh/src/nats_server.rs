@@ -12,13 +12,14 @@ pub struct NatsServer {
     pub store_dir: PathBuf,
 }
 
-/// How often nats-server fsyncs its stream files: every second, so an OS crash or power loss
-/// takes back at most the last second of acknowledged messages (the server's default is two
-/// minutes; `always`, an fsync before each ack, cost 4-5x the throughput here: BENCHMARKS.md).
+/// How often nats-server fsyncs its stream files: every 200 ms, so an OS crash or power loss
+/// takes back at most the last 200 ms of acknowledged messages (the server's default is two
+/// minutes; `always`, an fsync before each ack, cost 4-5x the throughput here; against `1s`,
+/// 200 ms lowered p99 submit→start at half load in eight pairs of eight: BENCHMARKS.md).
 /// `FLOWMESH_SYNC_INTERVAL` (a duration such as `2m`, or `always`) overrides it. A server
 /// started with a configuration file takes the setting from that file (`streams/nats-server.conf`
 /// says the same).
-pub const SYNC_INTERVAL: &str = "1s";
+pub const SYNC_INTERVAL: &str = "200ms";
 
 /// The sync interval for servers started without a configuration file.
 fn sync_interval() -> String {
