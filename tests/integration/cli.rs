@@ -70,6 +70,23 @@ async fn submit_watch_list_plan_and_fetch() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_submission_that_cannot_be_followed_is_said_to_be_stored_and_runs_once_a_validator_comes()
+-> anyhow::Result<()> {
+    // No services yet: the submission is stored, and nobody decides on it within the watch.
+    let mut world = World::start().await?;
+    let out = world.cli(&["submit", "examples/valid/echo.yaml", "--watch", "--timeout-sec", "1"]).await?;
+    let text = tests::output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("wf-1 is stored") && text.contains("flowmesh workflow watch wf-1"), "{text}");
+    // It was not lost: the stack that comes later runs it, once.
+    world.stack().await?;
+    let events = world.wait_workflow_end("wf-1").await?;
+    assert!(events.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(_))), "{:?}", tests::kinds(&events));
+    world.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test]
 async fn workflow_cancel_ends_a_running_workflow_as_cancelled() -> anyhow::Result<()> {
     let mut world = World::start().await?;
     world.stack().await?;

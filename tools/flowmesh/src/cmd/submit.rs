@@ -53,15 +53,24 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
     let msg_id = args.msg_id.as_deref().map(|given| nats.options("flowmesh-cli").scoped_msg_id(given)).transpose()?;
     let (workflow_id, seq) = submit::submit(&handles.js, body, msg_id.as_deref()).await?;
     eprintln!("submitted {workflow_id} ({} seq {seq})", subjects::SUBMISSIONS_STREAM);
+    // From here the submission is stored and will be validated and run whatever happens to this
+    // process: an error says so, so that nobody submits it a second time.
+    let stored = |e: anyhow::Error| {
+        e.context(format!(
+            "{workflow_id} is stored and goes on without this command; following it failed \
+             (`flowmesh workflow watch {workflow_id}` follows it again)"
+        ))
+    };
     if !args.watch {
-        let accepted = verdict(&handles.js, &workflow_id, Duration::from_secs(30)).await?;
+        let accepted = verdict(&handles.js, &workflow_id, Duration::from_secs(30)).await.map_err(stored)?;
         if args.json {
             super::print_sorted_json(&Submitted { workflow_id: &workflow_id, accepted })?;
         }
         return Ok(super::exit(accepted));
     }
-    let (end, state) = watch(&handles.js, &workflow_id, Duration::from_secs(args.timeout_sec), args.json).await?;
-    let results = submit::results(&handles.js, &state, &workflow_id).await?;
+    let (end, state) =
+        watch(&handles.js, &workflow_id, Duration::from_secs(args.timeout_sec), args.json).await.map_err(stored)?;
+    let results = submit::results(&handles.js, &state, &workflow_id).await.map_err(stored)?;
     if args.json {
         let end_name = format!("{end:?}").to_lowercase();
         super::print_sorted_json(&Watched { workflow_id: &workflow_id, end: end_name, results })?;
