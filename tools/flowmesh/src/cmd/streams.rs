@@ -56,8 +56,13 @@ struct PrunedStore {
 impl table::Row for PrunedStore {
     const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "FAILED", "KEPT", "NOTE"];
     fn cells(&self) -> Vec<String> {
-        let counts = [self.removed, self.failed, self.kept].map(|n| n.to_string());
-        [vec![self.bucket.clone()], counts.to_vec(), vec![self.error.clone().unwrap_or_default()]].concat()
+        vec![
+            self.bucket.clone(),
+            self.removed.to_string(),
+            self.failed.to_string(),
+            self.kept.to_string(),
+            self.error.clone().unwrap_or_default(),
+        ]
     }
 }
 
