@@ -341,17 +341,19 @@ async fn purge_store(js: &jetstream::Context, bucket: &str) -> Result<(), String
     stream.purge().filter(format!("$O.{bucket}.C.nothing")).await.map(drop).map_err(text)
 }
 
-/// Stores a file of workflow `wf-424242` and prunes the store as if that workflow were purged
-/// (listing it, purging the file's chunks and record): the file, and only it, must go. Those
-/// who may not write the store are refused the file first.
+/// Stores a file of workflow `wf-424242` and the chunk of an upload that stopped halfway, and
+/// prunes the store as if that workflow were purged and every orphan old (listing its records
+/// and chunks, reading the orphan's newest chunk, purging): the file and the orphan, and only
+/// they, must go. Those who may not write the store are refused the file first.
 async fn prune_store(js: &jetstream::Context, bucket: &str, user: &str) -> Result<(), String> {
-    let store = js.get_object_store(bucket).await.map_err(text)?;
+    let objects = js.get_object_store(bucket).await.map_err(text)?;
     let mut data: &[u8] = b"of a purged workflow";
-    store.put(format!("wf-424242-main/prune-{user}.txt").as_str(), &mut data).await.map_err(text)?;
+    objects.put(format!("wf-424242-main/prune-{user}.txt").as_str(), &mut data).await.map_err(text)?;
+    store(js, format!("$O.{bucket}.C.HALFWAY"), b"an upload's first chunk").await?;
     let mut purged = flowmesh_domain::ids::WorkflowIds::default();
     purged.insert("wf-424242");
-    match flowmesh_nats::artifacts::prune(js, bucket, &purged).await.map_err(text)? {
-        pruned if pruned.removed == 1 && pruned.failed == 0 => Ok(()),
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged, Some(Duration::ZERO)).await.map_err(text)? {
+        pruned if pruned.removed == 1 && pruned.orphans == 1 && pruned.failed == 0 => Ok(()),
         pruned => Err(format!("{pruned:?}")),
     }
 }

@@ -9,7 +9,8 @@ use async_nats::jetstream::{self, object_store::ObjectStore};
 use flowmesh_domain::event::{Artifact, Event, EventBody};
 use flowmesh_domain::ids::{WorkflowIds, workflow_of_object};
 use futures_util::{StreamExt, TryStreamExt};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// Opens a worker's own object store, creating it where it is missing with the settings of the
@@ -118,22 +119,45 @@ pub async fn purged_workflows(js: &jetstream::Context) -> Result<Option<(u64, Wo
 pub struct Pruned {
     /// Objects of purged workflows removed (their chunks and their record).
     pub removed: u64,
-    /// Objects of purged workflows that could not be removed: the next pruning finds them again.
+    /// Chunks of uploads no record names, removed (`orphans_older_than`).
+    pub orphans: u64,
+    /// Objects of purged workflows, or orphaned chunks, that could not be removed: the next
+    /// pruning finds them again.
     pub failed: u64,
     /// Objects kept: of workflows still in the log, or not named after a task.
     pub kept: u64,
 }
 
+/// How long chunks that no record names are kept, counted from the newest of them. They are what
+/// an upload leaves when it stops halfway (a worker killed while storing a file: its chunks are
+/// stored one by one and the record last), and what an object stored over another leaves where
+/// its writer may not purge (the shared store). An upload in progress stores a chunk every
+/// moment, so an hour without one is an upload that will never write its record.
+pub const ORPHANS_OLDER_THAN: Duration = Duration::from_secs(3600);
+
 /// Objects removed at once by one pruning.
 const REMOVALS_IN_FLIGHT: usize = 16;
 
+/// What one pruning removes: an object (its chunks, then its record), or an orphan's chunks.
+enum Doomed {
+    Object { name: String, nuid: String },
+    Orphan { chunks: String },
+}
+
 /// Removes from object store `bucket` every file of a workflow in `purged` (its name's task, see
 /// `ids::workflow_of_object`), so a task's files go when retention removes its workflow's events
-/// and no sooner. Each object goes whole: its chunks first, then its record, so one left half
-/// removed (a crash between the two) is still listed and removed by the next pruning, and no
-/// tombstone stays behind (a store's `delete` keeps one record per object for ever). Needs the
-/// right to purge that store's stream: a worker has it for its own store, the admin for every one.
-pub async fn prune(js: &jetstream::Context, bucket: &str, purged: &WorkflowIds) -> Result<Pruned, EdgeError> {
+/// and no sooner; with `orphans_older_than`, also the chunks that no record names whose newest
+/// chunk is older than that (`ORPHANS_OLDER_THAN`). Each object goes whole: its chunks first,
+/// then its record, so one left half removed (a crash between the two) is still listed and
+/// removed by the next pruning, and no tombstone stays behind (a store's `delete` keeps one
+/// record per object for ever). Needs the right to purge that store's stream: a worker has it
+/// for its own store, the admin for every one.
+pub async fn prune(
+    js: &jetstream::Context,
+    bucket: &str,
+    purged: &WorkflowIds,
+    orphans_older_than: Option<Duration>,
+) -> Result<Pruned, EdgeError> {
     let store = js.get_object_store(bucket).await.map_err(|e| EdgeError::transient(format!("opening {bucket}"), e))?;
     let stream = subjects::object_stream(bucket);
     let stream =
@@ -141,37 +165,89 @@ pub async fn prune(js: &jetstream::Context, bucket: &str, purged: &WorkflowIds) 
     let listing = format!("listing {bucket}");
     let mut list = store.list().await.map_err(|e| EdgeError::transient(listing.clone(), e))?;
     let mut doomed = Vec::new();
+    // Every upload a record names, listed before the chunks are: an upload that writes its
+    // record meanwhile has chunks too new to be taken for an orphan's.
+    let mut named = HashSet::new();
     let mut pruned = Pruned::default();
     while let Some(info) = list.try_next().await.map_err(|e| EdgeError::transient(listing.clone(), e))? {
+        named.insert(info.nuid.clone());
         if workflow_of_object(&info.name).is_some_and(|workflow| purged.contains(workflow)) {
-            doomed.push((info.name, info.nuid));
+            doomed.push(Doomed::Object { name: info.name, nuid: info.nuid });
         } else {
             pruned.kept += 1;
         }
     }
+    if let Some(age) = orphans_older_than {
+        doomed.extend(orphans(&stream, bucket, &named, age).await?.into_iter().map(|chunks| Doomed::Orphan { chunks }));
+    }
     let removals = futures_util::stream::iter(doomed)
-        .map(|(name, nuid)| {
+        .map(|doomed| {
             let stream = &stream;
             async move {
                 use base64::Engine;
-                let record = base64::engine::general_purpose::URL_SAFE.encode(&name);
-                stream.purge().filter(format!("$O.{bucket}.C.{nuid}")).await?;
-                stream.purge().filter(format!("$O.{bucket}.M.{record}")).await?;
-                Ok::<_, async_nats::jetstream::stream::PurgeError>(())
+                let orphan = matches!(doomed, Doomed::Orphan { .. });
+                let removed = async {
+                    match doomed {
+                        Doomed::Object { name, nuid } => {
+                            let record = base64::engine::general_purpose::URL_SAFE.encode(&name);
+                            stream.purge().filter(format!("$O.{bucket}.C.{nuid}")).await?;
+                            stream.purge().filter(format!("$O.{bucket}.M.{record}")).await?;
+                        }
+                        Doomed::Orphan { chunks } => {
+                            stream.purge().filter(chunks).await?;
+                        }
+                    }
+                    Ok::<_, async_nats::jetstream::stream::PurgeError>(())
+                };
+                (orphan, removed.await)
             }
         })
         .buffer_unordered(REMOVALS_IN_FLIGHT);
     futures_util::pin_mut!(removals);
-    while let Some(removed) = removals.next().await {
+    while let Some((orphan, removed)) = removals.next().await {
         match removed {
+            Ok(()) if orphan => pruned.orphans += 1,
             Ok(()) => pruned.removed += 1,
             Err(e) => {
-                tracing::debug!(%bucket, error = %e, "could not remove an object of a purged workflow");
+                tracing::debug!(%bucket, error = %e, "could not remove an object of a purged workflow or an orphan's chunks");
                 pruned.failed += 1;
             }
         }
     }
     Ok(pruned)
+}
+
+/// The chunk subjects of `bucket` that no upload in `named` owns and whose newest chunk was
+/// stored longer than `older_than` ago (by the server's clock, against ours).
+async fn orphans(
+    stream: &jetstream::stream::Stream<()>,
+    bucket: &str,
+    named: &HashSet<String>,
+    older_than: Duration,
+) -> Result<Vec<String>, EdgeError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let prefix = format!("$O.{bucket}.C.");
+    let listing = || format!("listing the chunks of {bucket}");
+    let mut chunks =
+        stream.info_with_subjects(format!("{prefix}>")).await.map_err(|e| EdgeError::transient(listing(), e))?;
+    let mut unnamed = Vec::new();
+    while let Some((subject, _)) = chunks.try_next().await.map_err(|e| EdgeError::transient(listing(), e))? {
+        if subject.strip_prefix(&prefix).is_some_and(|nuid| !named.contains(nuid)) {
+            unnamed.push(subject);
+        }
+    }
+    let now = time::OffsetDateTime::now_utc();
+    let mut old = Vec::new();
+    for subject in unnamed {
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(newest) if now - newest.time >= older_than => old.push(subject),
+            Ok(_) => {}
+            // Removed meanwhile (an object stored again purges its old chunks).
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(e) => return Err(EdgeError::transient(format!("reading the newest chunk of {subject}"), e)),
+        }
+    }
+    Ok(old)
 }
 
 /// Every object store of FlowMesh's: the shared one and each worker's own that exists now.

@@ -335,8 +335,9 @@ pub async fn run(
             }
         });
     }
-    // Its own store loses the files of workflows whose events retention removed from the log.
-    // The shared store is the admin's to prune: its user may not purge it.
+    // Its own store loses the files of workflows whose events retention removed from the log,
+    // and what uploads that stopped halfway left. The shared store is the admin's to prune: its
+    // user may not purge it.
     if let Some(every) = shared.config.artifacts_prune
         && shared.config.artifacts_bucket != subjects::ARTIFACTS_BUCKET
     {
@@ -345,11 +346,11 @@ pub async fn run(
         background.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut done = None;
+            let mut state = PruneState::default();
             loop {
                 tokio::select! {
                     _ = stop.wait() => break,
-                    _ = tick.tick() => done = prune_own_store(&shared, done).await,
+                    _ = tick.tick() => state = prune_own_store(&shared, state).await,
                 }
             }
         });
@@ -494,32 +495,48 @@ pub async fn run(
     Ok(())
 }
 
+/// What the worker's pruning of its own store last did: the purge record it applied in full, and
+/// when it last looked for orphaned chunks.
+#[derive(Default, Clone, Copy)]
+struct PruneState {
+    applied: Option<u64>,
+    orphans_swept: Option<std::time::Instant>,
+}
+
 /// Removes from the worker's own store the files of every workflow the latest purge record
-/// lists, unless `done` (the sequence of the record a pruning last applied in full) is that
-/// record: a store is listed once per record, not once per interval. Returns the record now
-/// applied in full.
-async fn prune_own_store(shared: &Shared, done: Option<u64>) -> Option<u64> {
+/// lists, unless that record is the one a pruning last applied in full, and the chunks of uploads
+/// that stopped halfway (`artifacts::ORPHANS_OLDER_THAN`), at most once in that time: a store is
+/// listed once per record or per hour, not once per interval.
+async fn prune_own_store(shared: &Shared, state: PruneState) -> PruneState {
     let js = &shared.handles.js;
     let bucket = &shared.config.artifacts_bucket;
+    let every = flowmesh_nats::artifacts::ORPHANS_OLDER_THAN;
+    let sweep = state.orphans_swept.is_none_or(|at| at.elapsed() >= every);
     let (record, purged) = match flowmesh_nats::artifacts::purged_workflows(js).await {
-        Ok(Some(latest)) if Some(latest.0) != done => latest,
-        Ok(_) => return done,
+        Ok(Some(latest)) if Some(latest.0) != state.applied || sweep => (Some(latest.0), latest.1),
+        Ok(None) if sweep => (None, Default::default()),
+        Ok(_) => return state,
         Err(e) => {
             warn!(error = %e, "pruning the object store: the purge record could not be read; trying again later");
-            return done;
+            return state;
         }
     };
-    match flowmesh_nats::artifacts::prune(js, bucket, &purged).await {
+    let started = std::time::Instant::now();
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged, Some(every)).await {
         Ok(pruned) => {
             metrics::counter!("flowmesh_worker_artifacts_pruned_total").increment(pruned.removed);
-            if pruned.removed + pruned.failed > 0 {
-                info!(%bucket, removed = pruned.removed, failed = pruned.failed, kept = pruned.kept, "pruned the files of purged workflows");
+            metrics::counter!("flowmesh_worker_orphaned_uploads_pruned_total").increment(pruned.orphans);
+            if pruned.removed + pruned.orphans + pruned.failed > 0 {
+                info!(%bucket, removed = pruned.removed, orphans = pruned.orphans, failed = pruned.failed, kept = pruned.kept, "pruned the object store");
             }
-            if pruned.failed == 0 { Some(record) } else { done }
+            PruneState {
+                applied: if pruned.failed == 0 { record.or(state.applied) } else { state.applied },
+                orphans_swept: Some(started),
+            }
         }
         Err(e) => {
             warn!(%bucket, error = %e, "pruning the object store failed; trying again later");
-            done
+            state
         }
     }
 }
@@ -1099,7 +1116,7 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
             // only the old chunks stay behind where this worker's user may not purge its store
             // (the shared user and the shared store).
             Err(e) if e.kind() == async_nats::jetstream::object_store::PutErrorKind::PurgeOldChunks => {
-                tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until an admin compacts");
+                tracing::debug!(%name, error = %e, "stored over an earlier object; its chunks stay until `flowmesh streams prune-artifacts` removes them");
                 shared.artifacts.info(name).await.map_err(|e| Upload::Transient(e.to_string()))?
             }
             Err(e) => return Err(Upload::Transient(e.to_string())),

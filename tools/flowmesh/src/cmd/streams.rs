@@ -31,11 +31,16 @@ pub enum Command {
         submitters: Vec<String>,
     },
     /// Remove from every object store (the shared one and each worker's, a departed worker's
-    /// too) the files of the workflows whose events retention purged from the log. Workers
-    /// prune their own stores by themselves (WORKER_ARTIFACTS_PRUNE_SEC); this is the admin's
-    /// way for the rest. A store that cannot be pruned is named with why, and the others are
-    /// still pruned. Exit 0 when nothing failed.
+    /// too) the files of the workflows whose events retention purged from the log, and the
+    /// chunks of uploads that stopped halfway (ORPHANS). Workers prune their own stores by
+    /// themselves (WORKER_ARTIFACTS_PRUNE_SEC); this is the admin's way for the rest. A store
+    /// that cannot be pruned is named with why, and the others are still pruned. Exit 0 when
+    /// nothing failed.
     PruneArtifacts {
+        /// Chunks that no stored file names are removed once their newest is this old (seconds):
+        /// an upload in progress stores chunks continually.
+        #[arg(long, value_name = "SECS", default_value_t = flowmesh_nats::artifacts::ORPHANS_OLDER_THAN.as_secs())]
+        orphans_older_than: u64,
         #[arg(long)]
         json: bool,
     },
@@ -46,6 +51,7 @@ pub enum Command {
 struct PrunedStore {
     bucket: String,
     removed: u64,
+    orphans: u64,
     failed: u64,
     kept: u64,
     /// Why the store could not be listed or opened (nothing of it was removed).
@@ -54,11 +60,12 @@ struct PrunedStore {
 }
 
 impl table::Row for PrunedStore {
-    const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "FAILED", "KEPT", "NOTE"];
+    const HEADERS: &'static [&'static str] = &["BUCKET", "REMOVED", "ORPHANS", "FAILED", "KEPT", "NOTE"];
     fn cells(&self) -> Vec<String> {
         vec![
             self.bucket.clone(),
             self.removed.to_string(),
+            self.orphans.to_string(),
             self.failed.to_string(),
             self.kept.to_string(),
             self.error.clone().unwrap_or_default(),
@@ -90,20 +97,20 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             print!("{config}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::PruneArtifacts { json } => {
+        Command::PruneArtifacts { orphans_older_than, json } => {
             let (_, handles) = nats.handles("flowmesh-cli").await?;
-            let Some((_, purged)) = flowmesh_nats::artifacts::purged_workflows(&handles.js).await? else {
-                println!("no workflow was purged from the log yet: nothing to prune");
-                return Ok(ExitCode::SUCCESS);
-            };
+            // With no workflow purged yet there are still orphaned chunks to look for.
+            let purged = flowmesh_nats::artifacts::purged_workflows(&handles.js).await?.map(|(_, purged)| purged);
+            let purged = purged.unwrap_or_default();
+            let age = Some(Duration::from_secs(orphans_older_than));
             let mut rows = Vec::new();
             for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
-                let (pruned, error) = match flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged).await {
+                let (pruned, error) = match flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged, age).await {
                     Ok(pruned) => (pruned, None),
                     Err(e) => (Default::default(), Some(e.to_string())),
                 };
-                let flowmesh_nats::artifacts::Pruned { removed, failed, kept } = pruned;
-                rows.push(PrunedStore { bucket, removed, failed, kept, error });
+                let flowmesh_nats::artifacts::Pruned { removed, orphans, failed, kept } = pruned;
+                rows.push(PrunedStore { bucket, removed, orphans, failed, kept, error });
             }
             if json {
                 super::print_sorted_json(&rows)?;
