@@ -221,6 +221,43 @@ async fn the_chunks_of_an_upload_that_stopped_halfway_are_removed_once_old_and_s
     Ok(())
 }
 
+/// A worker prunes its own store of what an upload that stopped halfway left, even where nothing
+/// was ever purged from the log, and keeps its stored files.
+#[tokio::test]
+async fn a_worker_removes_the_chunks_of_its_own_uploads_that_stopped_halfway() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    let mut worker = worker_config(&world, "w1", None);
+    worker.artifacts_prune = Some(Duration::from_millis(100));
+    worker.artifacts_orphans_older_than = Duration::from_secs(1);
+    world.worker(worker).await?;
+    let bucket = subjects::artifacts_bucket("w1");
+    // The worker makes its store as it starts.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let store = loop {
+        match world.handles.js.get_object_store(&bucket).await {
+            Ok(store) => break store,
+            Err(e) => anyhow::ensure!(tokio::time::Instant::now() < deadline, "w1 made no store {bucket}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let kept = subjects::artifact("wf-1-say", "results.json");
+    store.put(kept.as_str(), &mut &b"{}"[..]).await?;
+    world.handles.js.publish(format!("$O.{bucket}.C.INTERRUPTEDUPLOAD"), "half a file".into()).await?.await?;
+    // The orphan goes once its chunk is a second old; the stored file's record and chunk stay.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while store_messages(&world, &bucket).await? != 2 {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{bucket} holds {} messages, expected 2",
+            store_messages(&world, &bucket).await?
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store.info(&kept).await.map_err(|e| anyhow::anyhow!("{kept} was removed: {e}"))?;
+    world.shutdown().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_worker_removes_the_files_of_purged_workflows_from_its_store_and_keeps_the_rest() -> anyhow::Result<()> {
     let mut world = World::start().await?;

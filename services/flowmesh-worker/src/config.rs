@@ -120,6 +120,10 @@ pub struct Config {
     /// How often its own store loses the files of purged workflows (`WORKER_ARTIFACTS_PRUNE_SEC`);
     /// `None`: never.
     pub artifacts_prune: Option<Duration>,
+    /// How old the newest chunk of an upload no record names must be before that pruning
+    /// removes it, and how often at most it looks for such chunks with no new purge record
+    /// (`artifacts::ORPHANS_OLDER_THAN`; tests shorten it).
+    pub artifacts_orphans_older_than: Duration,
 }
 
 impl Config {
@@ -149,6 +153,7 @@ impl Config {
             model_cache: None,
             artifacts_bucket: flowmesh_nats::subjects::artifacts_bucket(worker_id),
             artifacts_prune: Some(Duration::from_secs(600)),
+            artifacts_orphans_older_than: flowmesh_nats::artifacts::ORPHANS_OLDER_THAN,
         }
     }
 }
@@ -302,6 +307,7 @@ impl WorkerArgs {
             artifacts_bucket,
             artifacts_prune: (self.worker_artifacts_prune_sec > 0)
                 .then(|| Duration::from_secs(self.worker_artifacts_prune_sec.into())),
+            artifacts_orphans_older_than: flowmesh_nats::artifacts::ORPHANS_OLDER_THAN,
             worker_id,
         })
     }

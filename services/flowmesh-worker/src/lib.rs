@@ -505,12 +505,12 @@ struct PruneState {
 
 /// Removes from the worker's own store the files of every workflow the latest purge record
 /// lists, unless that record is the one a pruning last applied in full, and the chunks of uploads
-/// that stopped halfway (`artifacts::ORPHANS_OLDER_THAN`), at most once in that time: a store is
-/// listed once per record or per hour, not once per interval.
+/// that stopped halfway (`Config::artifacts_orphans_older_than`, an hour), looking for those at
+/// most once in that time: a store is listed once per record or per hour, not once per interval.
 async fn prune_own_store(shared: &Shared, state: PruneState) -> PruneState {
     let js = &shared.handles.js;
     let bucket = &shared.config.artifacts_bucket;
-    let every = flowmesh_nats::artifacts::ORPHANS_OLDER_THAN;
+    let every = shared.config.artifacts_orphans_older_than;
     let sweep = state.orphans_swept.is_none_or(|at| at.elapsed() >= every);
     let (record, purged) = match flowmesh_nats::artifacts::purged_workflows(js).await {
         Ok(Some(latest)) if Some(latest.0) != state.applied || sweep => (Some(latest.0), latest.1),
