@@ -535,7 +535,7 @@ impl State {
     /// sooner than what ended at `time`. One not noted (still running, or purged) is left alone.
     fn ended_again(&mut self, workflow_id: &str, time: &str) {
         let ms = crate::trace::unix_ms(time).unwrap_or(0);
-        let Some((&minute, _)) = self.unpurged.iter().find(|(_, ended)| ended.ids.contains(workflow_id)) else {
+        let Some((&minute, ended)) = self.unpurged.iter_mut().find(|(_, ended)| ended.ids.contains(workflow_id)) else {
             return;
         };
         if minute >= ms / 60_000 {
@@ -543,11 +543,9 @@ impl State {
         }
         let mut one = crate::ids::WorkflowIds::default();
         one.insert(workflow_id);
-        if let Some(ended) = self.unpurged.get_mut(&minute) {
-            ended.ids.remove_all(&one);
-            if ended.ids.is_empty() {
-                self.unpurged.remove(&minute);
-            }
+        ended.ids.remove_all(&one);
+        if ended.ids.is_empty() {
+            self.unpurged.remove(&minute);
         }
         self.ended_at(workflow_id, time);
     }

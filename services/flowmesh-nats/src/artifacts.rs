@@ -183,31 +183,29 @@ pub async fn prune(
     let removals = futures_util::stream::iter(doomed)
         .map(|doomed| {
             let stream = &stream;
+            // What went: `true` for an orphan's chunks, `false` for an object.
             async move {
                 use base64::Engine;
-                let orphan = matches!(doomed, Doomed::Orphan { .. });
-                let removed = async {
-                    match doomed {
-                        Doomed::Object { name, nuid } => {
-                            let record = base64::engine::general_purpose::URL_SAFE.encode(&name);
-                            stream.purge().filter(format!("$O.{bucket}.C.{nuid}")).await?;
-                            stream.purge().filter(format!("$O.{bucket}.M.{record}")).await?;
-                        }
-                        Doomed::Orphan { chunks } => {
-                            stream.purge().filter(chunks).await?;
-                        }
+                match doomed {
+                    Doomed::Object { name, nuid } => {
+                        let record = base64::engine::general_purpose::URL_SAFE.encode(&name);
+                        stream.purge().filter(format!("$O.{bucket}.C.{nuid}")).await?;
+                        stream.purge().filter(format!("$O.{bucket}.M.{record}")).await?;
+                        Ok::<_, async_nats::jetstream::stream::PurgeError>(false)
                     }
-                    Ok::<_, async_nats::jetstream::stream::PurgeError>(())
-                };
-                (orphan, removed.await)
+                    Doomed::Orphan { chunks } => {
+                        stream.purge().filter(chunks).await?;
+                        Ok(true)
+                    }
+                }
             }
         })
         .buffer_unordered(REMOVALS_IN_FLIGHT);
     futures_util::pin_mut!(removals);
-    while let Some((orphan, removed)) = removals.next().await {
+    while let Some(removed) = removals.next().await {
         match removed {
-            Ok(()) if orphan => pruned.orphans += 1,
-            Ok(()) => pruned.removed += 1,
+            Ok(true) => pruned.orphans += 1,
+            Ok(false) => pruned.removed += 1,
             Err(e) => {
                 tracing::debug!(%bucket, error = %e, "could not remove an object of a purged workflow or an orphan's chunks");
                 pruned.failed += 1;

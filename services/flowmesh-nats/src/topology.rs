@@ -320,19 +320,23 @@ async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError
             }
         }
     }
-    // async-nats creates every bucket with rollups on; whoever created it may change that (a
-    // bucket found existing keeps its setting: only the admin may update a stream).
-    if !def.allow_rollup {
-        let what = || format!("turning rollups off on bucket {}", def.bucket);
-        let mut config = existing(js, &stream_name)
-            .await?
-            .ok_or_else(|| EdgeError::transient(what(), std::io::Error::other("the bucket vanished")))?;
-        if config.allow_rollup {
-            config.allow_rollup = false;
-            js.update_stream(&config).await.map_err(|e| EdgeError::transient(what(), e))?;
-        }
+    // async-nats creates every bucket with rollups on and no consumer limit; whoever created it
+    // may change both, read once and updated together (a bucket found existing keeps its
+    // rollups: only the admin may update a stream).
+    let mut have = existing(js, &stream_name).await?.ok_or_else(|| {
+        EdgeError::transient(format!("setting up bucket {}", def.bucket), std::io::Error::other("the bucket vanished"))
+    })?;
+    if !def.allow_rollup && have.allow_rollup {
+        let mut config = have.clone();
+        config.allow_rollup = false;
+        config.max_consumers = def.max_consumers;
+        js.update_stream(&config)
+            .await
+            .map_err(|e| EdgeError::transient(format!("turning rollups off on bucket {}", def.bucket), e))?;
+        have = config;
     }
-    ensure_consumer_limit(js, &stream_name, def.max_consumers).await
+    raise_consumer_limit(js, &mut have, def.max_consumers).await;
+    Ok(())
 }
 
 async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<(), EdgeError> {
