@@ -103,22 +103,43 @@ fn a_shared_execution_s_workflow_is_kept_until_its_merged_tasks_took_their_resul
     let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
     worker.slots.batch.total = 1;
     let fleet = [worker];
-    let mut state = State::default();
-    apply(&mut state, accepted(1));
-    apply(&mut state, accepted(2));
-    route(&mut state, &fleet);
-    assert_eq!(state.task("wf-2-a").map(|t| t.status), Some(TaskStatus::Merged));
+    // Whether the fold had forgotten once before the merge: the first time, it finds the
+    // workflows with merged tasks by walking what runs; after that, it notes each merge as it
+    // is folded.
+    for forgot_before in [false, true] {
+        let mut state = State::default();
+        apply(&mut state, accepted(1));
+        apply(&mut state, accepted(2));
+        if forgot_before {
+            assert_eq!(state.forget_ended(), 0);
+        }
+        route(&mut state, &fleet);
+        assert_eq!(state.task("wf-2-a").map(|t| t.status), Some(TaskStatus::Merged));
 
-    // The leader's workflow ends first; the merged task still needs its result.
-    apply(&mut state, completed("wf-1", "w1"));
-    assert_eq!(state.workflows["wf-1"].status, WorkflowStatus::Completed);
-    assert_eq!(state.forget_ended(), 0);
-    assert!(state.task("wf-1-a").is_some());
+        // The leader's workflow ends first; the merged task still needs its result. So it
+        // stays, in this fold, in one restored from its checkpoint, and in one restored from a
+        // checkpoint written before the fold noted merges.
+        apply(&mut state, completed("wf-1", "w1"));
+        assert_eq!(state.workflows["wf-1"].status, WorkflowStatus::Completed);
+        let mut older = serde_json::to_value(&state).unwrap();
+        older.as_object_mut().unwrap().remove("merging");
+        let mut restored: State = serde_json::from_value(serde_json::to_value(&state).unwrap()).unwrap();
+        let mut older: State = serde_json::from_value(older).unwrap();
+        for (s, which) in [(&mut state, "the fold"), (&mut restored, "restored"), (&mut older, "an older checkpoint")] {
+            assert_eq!(s.forget_ended(), 0, "{which}, forgot before the merge: {forgot_before}");
+            assert!(s.task("wf-1-a").is_some(), "{which}");
+        }
+        finish_merged(state, &fleet);
+    }
+}
 
+/// The second half of `a_shared_execution_s_workflow_is_kept_until_its_merged_tasks_took_their_result`:
+/// the merged task takes its result, its workflow ends, and both workflows go.
+fn finish_merged(mut state: State, fleet: &[WorkerSnapshot]) {
     // The router hands the result on, then ends the merged task's workflow; both go.
-    route(&mut state, &fleet);
+    route(&mut state, fleet);
     assert_eq!(state.task("wf-2-a").map(|t| t.status), Some(TaskStatus::Completed));
-    route(&mut state, &fleet);
+    route(&mut state, fleet);
     assert_eq!(state.workflows["wf-2"].status, WorkflowStatus::Completed);
     // The router frees what it forgot off its loop: the dropped workflows are handed over whole.
     let mut dropped = Vec::new();
