@@ -21,6 +21,23 @@ pub struct NatsServer {
 /// says the same).
 pub const SYNC_INTERVAL: &str = "200ms";
 
+/// How far the server's Go heap grows past what survived the last garbage collection before the
+/// next one starts, in percent (the Go runtime's `GOGC`; its default is 100). Each collection's
+/// marking takes a core from everything else for several milliseconds (longer as the stream's
+/// subject index grows), and with the default one came every half second at half load: the
+/// largest part of p99 submit→start there. At 400 they come a quarter as often, for a heap up to
+/// five times what is live instead of twice (BENCHMARKS, "Twenty-first round"). A `GOGC` in the
+/// environment is the operator's and goes to the server as it is; `compose.yaml` sets the same.
+pub const GOGC: &str = "400";
+
+/// The `GOGC` to give a server we start: ours, unless the environment already says one.
+fn gogc(from_environment: Option<&std::ffi::OsStr>) -> Option<&'static str> {
+    match from_environment {
+        Some(value) if !value.is_empty() => None,
+        _ => Some(GOGC),
+    }
+}
+
 /// The sync interval for servers started without a configuration file.
 fn sync_interval() -> String {
     std::env::var("FLOWMESH_SYNC_INTERVAL")
@@ -100,6 +117,9 @@ impl NatsServer {
                 std::fs::write(&path, format!("jetstream {{ sync_interval: {:?} }}\n", sync_interval()))?;
                 command.arg("-c").arg(path);
             }
+        }
+        if let Some(gogc) = gogc(std::env::var_os("GOGC").as_deref()) {
+            command.env("GOGC", gogc);
         }
         let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
@@ -217,6 +237,36 @@ mod tests {
         // A port of its own choosing: it starts.
         let mut server = NatsServer::start(None, dir.path(), None).await.unwrap();
         assert_ne!(server.port, port);
+        server.stop().await;
+    }
+
+    #[test]
+    fn a_server_collects_its_garbage_at_our_pace_unless_the_operator_says_otherwise() {
+        use std::ffi::OsStr;
+        for (environment, want, why) in [
+            (None, Some(GOGC), "nothing set: ours"),
+            (Some(""), Some(GOGC), "set empty, which Go reads as its default: ours"),
+            (Some("100"), None, "the operator's value goes through as it is"),
+            (Some("off"), None, "even switching collection off"),
+        ] {
+            assert_eq!(gogc(environment.map(OsStr::new)), want, "{why}");
+        }
+    }
+
+    /// The running server's own environment holds the setting (read from /proc, as the Go
+    /// runtime reads it at start).
+    #[tokio::test]
+    async fn a_started_server_runs_with_the_gogc_it_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = NatsServer::start(None, dir.path(), None).await.unwrap();
+        let pid = server.pid().expect("a running server has a pid");
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let gogc_set: Vec<&[u8]> = environ.split(|b| *b == 0).filter(|v| v.starts_with(b"GOGC=")).collect();
+        let want = match std::env::var("GOGC") {
+            Ok(operator) if !operator.is_empty() => format!("GOGC={operator}"),
+            _ => format!("GOGC={GOGC}"),
+        };
+        assert_eq!(gogc_set, [want.as_bytes()]);
         server.stop().await;
     }
 }
