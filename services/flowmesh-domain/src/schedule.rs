@@ -197,6 +197,17 @@ impl Requests {
         self.touched.clear();
     }
 
+    /// Lets go of what it holds for workflows the fold dropped (`State::forget_ended_into`):
+    /// they ended, so they hold no slot. A round looks only at touched workflows still in the
+    /// fold, so one that ended and was dropped before the next round would otherwise keep its
+    /// slots counted until a whole round (up to half a second at least), and its worker would
+    /// look busier than it is.
+    pub fn forgotten(&mut self, dropped: &[std::sync::Arc<WorkflowState>]) {
+        for wf in dropped {
+            self.refresh(wf);
+        }
+    }
+
     /// Brings what holds a slot up to date: for every running workflow, or for the `touched`
     /// ones. Only a running workflow can have a task on a worker (it ends when all its tasks have).
     fn refresh_slots(&mut self, state: &State, touched: Option<&HashSet<String>>) {

@@ -2,7 +2,8 @@
 //! workflows an event touched, merged tasks, and the backlog while a slot is free. Here a busy
 //! fleet takes a long, seeded run of submissions (batch tasks, identical inference requests,
 //! services, a task no worker can run), completions, failures, cancels, lost and returning
-//! workers, heartbeats that change a worker's snapshot, cordons and passing time, and every round
+//! workers, heartbeats that change a worker's snapshot, cordons, ended workflows forgotten between
+//! rounds, and passing time, and every round
 //! must decide exactly what a walk of every running workflow over a fleet indexed afresh
 //! (`decide`, with nothing remembered) decides. The remembering router keeps its `FleetIndex`
 //! between rounds and feeds it as the router does: a snapshot `put` as it arrives, a worker
@@ -166,7 +167,7 @@ impl Run {
 
     /// Something happens: the seeded choice of one event or fleet change.
     fn step(&mut self, rng: &mut Rng) {
-        match rng.below(20) {
+        match rng.below(21) {
             0..=5 => {
                 let doc = [ONE, ONE, TWO, ASK, HUGE, SERVE][rng.below(6)];
                 self.submit(doc);
@@ -230,6 +231,14 @@ impl Run {
                 assert_eq!(self.state, self.owned, "folding by value and by reference differ");
                 self.requests.touch_all();
             }
+            20 => {
+                // The router's forget timer: ended workflows dropped between rounds, with no
+                // whole round after it; what they held is let go of.
+                let mut dropped = Vec::new();
+                self.state.forget_ended_into(&mut dropped);
+                self.owned.forget_ended();
+                self.requests.forgotten(&dropped);
+            }
             18 if !self.fleet.is_empty() => {
                 // A heartbeat: what changes from one snapshot to the next (slots, status, idle
                 // time), now and then the hardware (a rebuild of the rankings).
@@ -287,7 +296,7 @@ fn a_round_that_looks_only_where_something_changed_decides_what_a_full_walk_deci
         }
         // The run was a busy one: a backlog formed and drained through freed slots.
         println!("seed {seed}: {} rounds, {} dispatches, {} busy explanations", run.rounds, run.dispatched, run.hints);
-        assert!(run.dispatched > 150, "seed {seed}: only {} dispatches", run.dispatched);
+        assert!(run.dispatched > 120, "seed {seed}: only {} dispatches", run.dispatched);
         assert!(run.hints > 20, "seed {seed}: only {} busy explanations", run.hints);
     }
 }

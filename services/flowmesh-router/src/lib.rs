@@ -799,11 +799,14 @@ impl Router {
         })
     }
 
-    /// Drops from the fold what ended: the router holds what runs, not history. Freeing it is
-    /// left to the blocking pool, so that no event waits for it.
+    /// Drops from the fold what ended: the router holds what runs, not history. The rounds let
+    /// go of the slots those workflows were counted in (an ended workflow dropped before the
+    /// next round looked at it would keep them until a whole round). Freeing them is left to the
+    /// blocking pool, so that no event waits for it.
     fn forget_ended(&mut self) {
         let mut dropped = Vec::new();
         self.state.forget_ended_into(&mut dropped);
+        self.requests.forgotten(&dropped);
         if !dropped.is_empty() {
             tokio::task::spawn_blocking(move || drop(dropped));
         }
