@@ -31,7 +31,8 @@ source tools/scratch.sh
 scratch_start bench-processes
 port=$(free_port)
 printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "200ms" }\n' "$port" "$dir" >"$dir/nats.conf"
-nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
+# The collector's pace that flowmesh dev and compose.yaml give the server (ARCHITECTURE, "Decisions").
+GOGC=${GOGC:-400} nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
 pids+=($!)
 export NATS_URL="nats://127.0.0.1:$port" RUST_LOG=warn
 wait_until nats-server bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
