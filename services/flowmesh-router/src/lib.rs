@@ -119,8 +119,9 @@ impl Seqs {
 
 /// How often the router drops what ended from its fold. Often, so that each time is short: on
 /// the half-second tick it was 1-2.5 ms of the loop at 2,000 workflows/s (1,000 workflows), and
-/// every event that came meanwhile waited; at 50 ms, p99 submit→start at half load fell by a
-/// quarter to two fifths in four pairs of four (BENCHMARKS, "Twenty-first round").
+/// every event that came meanwhile waited; at 50 ms, p99 submit→start at half load fell in every
+/// pair, by 16-24% with the server at `GOGC=400` and by 2-10% at Go's default, whose
+/// collections then hid most of it (BENCHMARKS, "Twenty-first round").
 const FORGET_EVERY: Duration = Duration::from_millis(50);
 
 /// How long a worker that stopped heartbeating without leaving (a crash, a partition) is
