@@ -302,3 +302,33 @@ fn a_reader_that_took_part_of_a_purged_workflow_drops_it_at_the_record() {
     assert_eq!(apply(&mut fresh, accepted(1)), Applied::Ignored("workflow already decided"));
     assert_eq!(fresh.decided_workflows(), behind.decided_workflows());
 }
+
+#[test]
+fn the_running_workflows_walked_in_place_are_those_walked_in_order() {
+    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
+    worker.slots.batch.total = 8;
+    let fleet = [worker];
+    let mut state = State::default();
+    for seq in 1..=5 {
+        // Each asks something else, so that none is merged into another's execution.
+        let EventBody::SubmissionAccepted(mut accepted) = accepted(seq) else { unreachable!() };
+        let spec = &mut accepted.workflow.tasks[0].spec;
+        spec["data"]["items"] = json!([format!("question {seq}")]);
+        apply(&mut state, EventBody::SubmissionAccepted(accepted));
+    }
+    route(&mut state, &fleet);
+    // Two end and are not yet forgotten; one is rejected.
+    apply(&mut state, completed("wf-2", "w1"));
+    apply(&mut state, completed("wf-4", "w1"));
+    apply(&mut state, rejected(6));
+    let ids = |walk: &mut dyn Iterator<Item = &flowmesh_domain::state::WorkflowState>| {
+        let mut ids: Vec<String> = walk.map(|wf| wf.workflow_id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let in_order = ids(&mut state.running_workflows());
+    assert_eq!(in_order, ["wf-1", "wf-3", "wf-5"]);
+    assert_eq!(ids(&mut state.running_workflows_unordered()), in_order, "ended and rejected workflows are left out");
+    state.forget_ended();
+    assert_eq!(ids(&mut state.running_workflows_unordered()), in_order);
+}
