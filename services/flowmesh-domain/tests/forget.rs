@@ -54,6 +54,13 @@ fn completed(workflow: &str, worker: &str) -> EventBody {
     })
 }
 
+/// The fleet of one inference worker, `w1`, with `slots` batch slots.
+fn one_worker(slots: u32) -> [WorkerSnapshot; 1] {
+    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
+    worker.slots.batch.total = slots;
+    [worker]
+}
+
 /// One round of the router, every action folded back in.
 fn route(state: &mut State, fleet: &[WorkerSnapshot]) {
     route_at(state, fleet, "t")
@@ -100,9 +107,7 @@ fn an_ended_workflow_is_forgotten_and_its_second_verdict_and_late_reports_are_st
 
 #[test]
 fn a_shared_execution_s_workflow_is_kept_until_its_merged_tasks_took_their_result() {
-    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
-    worker.slots.batch.total = 1;
-    let fleet = [worker];
+    let fleet = one_worker(1);
     // Whether the fold had forgotten once before the merge: the first time, it finds the
     // workflows with merged tasks by walking what runs; after that, it notes each merge as it
     // is folded.
@@ -202,9 +207,7 @@ fn ids(list: &[&str]) -> WorkflowIds {
 
 #[test]
 fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_workflow_needs() {
-    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
-    worker.slots.batch.total = 1;
-    let fleet = [worker];
+    let fleet = one_worker(1);
     let mut state = State::default();
     // wf-1 completes at 10:00:30; wf-2 is rejected at 10:01:10; wf-3 runs; wf-4 and wf-5 ask the
     // same, so wf-5's task shares wf-4's execution.
@@ -305,9 +308,7 @@ fn a_reader_that_took_part_of_a_purged_workflow_drops_it_at_the_record() {
 
 #[test]
 fn the_running_workflows_walked_in_place_are_those_walked_in_order() {
-    let mut worker = common::worker("w1", &["inference"], 8, 32, &[]);
-    worker.slots.batch.total = 8;
-    let fleet = [worker];
+    let fleet = one_worker(8);
     let mut state = State::default();
     for seq in 1..=5 {
         // Each asks something else, so that none is merged into another's execution.
