@@ -352,7 +352,7 @@ async fn prune_store(js: &jetstream::Context, bucket: &str, user: &str) -> Resul
     store(js, format!("$O.{bucket}.C.HALFWAY"), b"an upload's first chunk").await?;
     let mut purged = flowmesh_domain::ids::WorkflowIds::default();
     purged.insert("wf-424242");
-    match flowmesh_nats::artifacts::prune(js, bucket, &purged, Some(Duration::ZERO)).await.map_err(text)? {
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged, Duration::ZERO).await.map_err(text)? {
         pruned if pruned.removed == 1 && pruned.orphans == 1 && pruned.failed == 0 => Ok(()),
         pruned => Err(format!("{pruned:?}")),
     }

@@ -217,7 +217,7 @@ impl Requests {
                 self.with_merge.clear();
                 self.usage.clear();
                 self.merged.clear();
-                for wf in state.running_workflows() {
+                for wf in state.running_workflows_unordered() {
                     self.refresh(wf);
                 }
             }

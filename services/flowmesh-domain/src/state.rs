@@ -252,9 +252,10 @@ impl State {
         self.running.values().filter_map(|id| self.workflow(id))
     }
 
-    /// The running workflows in no particular order, for what counts or sweeps them all: a walk
-    /// of the fold's map in place, where `running_workflows` looks each one up by its id (about
-    /// 4 ms for 10,000 on the project's machine, against a tenth of that).
+    /// The running workflows in no particular order, for what counts, collects or sweeps them
+    /// all: a walk of the fold's map in place, where `running_workflows` looks each one up by its
+    /// id (the router's status counts with it: 9-11 ms for two ordered walks at 10,000 in flight,
+    /// under 1 ms for one in place).
     pub fn running_workflows_unordered(&self) -> impl Iterator<Item = &WorkflowState> {
         self.workflows.values().map(|wf| &**wf).filter(|wf| wf.status == WorkflowStatus::Running)
     }
@@ -582,7 +583,7 @@ impl State {
             return Vec::new();
         }
         let sharing: BTreeSet<&str> = self
-            .running_workflows()
+            .running_workflows_unordered()
             .flat_map(|wf| wf.tasks.iter())
             .filter_map(|t| crate::ids::workflow_of_task(t.merged_into.as_deref()?))
             .collect();
@@ -737,7 +738,7 @@ impl State {
     pub fn forget_ended_into(&mut self, dropped: &mut Vec<Arc<WorkflowState>>) -> usize {
         if self.merging.is_none() {
             let merging = self
-                .running_workflows()
+                .running_workflows_unordered()
                 .filter(|wf| wf.tasks.iter().any(|t| t.status == TaskStatus::Merged))
                 .map(|wf| wf.workflow_id.clone())
                 .collect();
@@ -794,7 +795,7 @@ impl State {
 
     /// The workers that hold (or are about to hold) a task of a running workflow.
     pub fn workers_holding_tasks(&self) -> BTreeSet<&str> {
-        self.running_workflows()
+        self.running_workflows_unordered()
             .flat_map(|wf| wf.tasks.iter())
             .filter(|t| t.status.is_on_worker())
             .filter_map(|t| t.worker_id.as_deref())

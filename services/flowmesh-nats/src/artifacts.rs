@@ -146,8 +146,8 @@ enum Doomed {
 
 /// Removes from object store `bucket` every file of a workflow in `purged` (its name's task, see
 /// `ids::workflow_of_object`), so a task's files go when retention removes its workflow's events
-/// and no sooner; with `orphans_older_than`, also the chunks that no record names whose newest
-/// chunk is older than that (`ORPHANS_OLDER_THAN`). Each object goes whole: its chunks first,
+/// and no sooner, and the chunks that no record names whose newest chunk is older than
+/// `orphans_older_than` (`ORPHANS_OLDER_THAN`). Each object goes whole: its chunks first,
 /// then its record, so one left half removed (a crash between the two) is still listed and
 /// removed by the next pruning, and no tombstone stays behind (a store's `delete` keeps one
 /// record per object for ever). Needs the right to purge that store's stream: a worker has it
@@ -156,7 +156,7 @@ pub async fn prune(
     js: &jetstream::Context,
     bucket: &str,
     purged: &WorkflowIds,
-    orphans_older_than: Option<Duration>,
+    orphans_older_than: Duration,
 ) -> Result<Pruned, EdgeError> {
     let store = js.get_object_store(bucket).await.map_err(|e| EdgeError::transient(format!("opening {bucket}"), e))?;
     let stream = subjects::object_stream(bucket);
@@ -177,9 +177,8 @@ pub async fn prune(
             pruned.kept += 1;
         }
     }
-    if let Some(age) = orphans_older_than {
-        doomed.extend(orphans(&stream, bucket, &named, age).await?.into_iter().map(|chunks| Doomed::Orphan { chunks }));
-    }
+    let orphaned = orphans(&stream, bucket, &named, orphans_older_than).await?;
+    doomed.extend(orphaned.into_iter().map(|chunks| Doomed::Orphan { chunks }));
     let removals = futures_util::stream::iter(doomed)
         .map(|doomed| {
             let stream = &stream;

@@ -522,7 +522,7 @@ async fn prune_own_store(shared: &Shared, state: PruneState) -> PruneState {
         }
     };
     let started = std::time::Instant::now();
-    match flowmesh_nats::artifacts::prune(js, bucket, &purged, Some(every)).await {
+    match flowmesh_nats::artifacts::prune(js, bucket, &purged, every).await {
         Ok(pruned) => {
             metrics::counter!("flowmesh_worker_artifacts_pruned_total").increment(pruned.removed);
             metrics::counter!("flowmesh_worker_orphaned_uploads_pruned_total").increment(pruned.orphans);

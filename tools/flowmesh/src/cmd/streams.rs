@@ -102,7 +102,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             // With no workflow purged yet there are still orphaned chunks to look for.
             let purged = flowmesh_nats::artifacts::purged_workflows(&handles.js).await?.map(|(_, purged)| purged);
             let purged = purged.unwrap_or_default();
-            let age = Some(Duration::from_secs(orphans_older_than));
+            let age = Duration::from_secs(orphans_older_than);
             let mut rows = Vec::new();
             for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
                 let (pruned, error) = match flowmesh_nats::artifacts::prune(&handles.js, &bucket, &purged, age).await {
