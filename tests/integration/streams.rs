@@ -17,11 +17,25 @@ async fn the_log_and_every_store_take_more_consumers_than_the_servers_default_th
     // A worker makes its own object store at start.
     world.worker(worker_config(&world, "w1", None)).await?;
     let js = &world.handles.js;
+    let own = subjects::object_stream(&subjects::artifacts_bucket("w1"));
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    while js.get_stream(&own).await.is_err() {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the worker made no store {own}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for name in flowmesh_nats::artifacts::product_streams(js).await? {
         let mut stream = js.get_stream(&name).await?;
         let limit = stream.info().await?.config.max_consumers;
         assert!(limit >= 100_000, "{name} takes at most {limit} consumers");
     }
+    // A worker's own store found with another limit gets the shared store's when it is opened.
+    let shared = js.get_stream(subjects::object_stream(subjects::ARTIFACTS_BUCKET)).await?.info().await?.config.clone();
+    let mut older = js.get_stream(&own).await?.info().await?.config.clone();
+    older.max_consumers = 500;
+    js.update_stream(&older).await?;
+    flowmesh_nats::artifacts::ensure_bucket(js, &subjects::artifacts_bucket("w1")).await?;
+    let limit = js.get_stream(&own).await?.info().await?.config.max_consumers;
+    assert_eq!(limit, shared.max_consumers, "{own} reopened");
     // A deployment made before the limit was defined gets it when a service starts.
     let mut old = js.get_stream(subjects::EVENTS_STREAM).await?.info().await?.config.clone();
     old.max_consumers = -1;

@@ -33,11 +33,12 @@ pub async fn ensure_bucket(js: &jetstream::Context, bucket: &str) -> Result<Obje
 /// The shared store's stream settings, which every worker's own store takes.
 async fn shared_settings(js: &jetstream::Context) -> Result<jetstream::stream::Config, EdgeError> {
     let shared_stream = subjects::object_stream(subjects::ARTIFACTS_BUCKET);
-    let mut shared = js
+    // Looking the stream up reads its info: one request, its answer kept.
+    let shared = js
         .get_stream(&shared_stream)
         .await
         .map_err(|e| EdgeError::transient(format!("looking up {shared_stream}"), e))?;
-    Ok(shared.info().await.map_err(|e| EdgeError::transient(format!("reading {shared_stream}"), e))?.config.clone())
+    Ok(shared.cached_info().config.clone())
 }
 
 /// Creates a worker's own object store (succeeding too where one of the same settings exists).

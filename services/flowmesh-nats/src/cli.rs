@@ -71,12 +71,13 @@ impl NatsArgs {
     /// Waits up to `JETSTREAM_WAIT` for JetStream to answer (a cluster electing its leader, a
     /// server still starting); a conflicting definition fails at once.
     pub async fn handles(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles)> {
-        let (client, handles, _) = self.handles_with_replicas(name).await?;
+        let (client, handles, _) = self.handles_with_topology(name).await?;
         Ok((client, handles))
     }
 
-    /// As [`NatsArgs::handles`], with the replica count it asked for what it created.
-    pub async fn handles_with_replicas(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles, usize)> {
+    /// As [`NatsArgs::handles`], with the topology it applied (and so the replica count it asked
+    /// for what it created).
+    pub async fn handles_with_topology(&self, name: &str) -> anyhow::Result<(async_nats::Client, Handles, Topology)> {
         let client = connect(&self.options(name)).await?;
         let replicas = self.replicas(&client).await;
         let topology = Topology::load(replicas)?;
@@ -90,7 +91,7 @@ impl NatsArgs {
             )
             .await
             .map_err(|gave_up| gave_up.last)?;
-        Ok((client, handles, replicas))
+        Ok((client, handles, topology))
     }
 }
 

@@ -53,6 +53,8 @@ pub struct ObjDef {
 /// Every definition, with the replica count chosen for this deployment.
 #[derive(Debug, Clone)]
 pub struct Topology {
+    /// The replica count every definition was given.
+    pub replicas: usize,
     pub streams: Vec<stream::Config>,
     pub buckets: Vec<KvDef>,
     pub objects: Vec<ObjDef>,
@@ -77,6 +79,7 @@ impl Topology {
             .map_err(|e| EdgeError::Definition { file: "flowmesh_artifacts.obj.json", message: e.to_string() })?;
         artifacts.num_replicas = replicas;
         Ok(Topology {
+            replicas,
             streams: vec![
                 stream("FLOWMESH_SUBMISSIONS.json", SUBMISSIONS)?,
                 stream("FLOWMESH_EVENTS.json", EVENTS)?,
@@ -123,6 +126,13 @@ impl Handles {
             .await
             .map_err(|e| EdgeError::transient("opening the artifacts store", e))?;
         Ok(Handles { js, workers, control, artifacts })
+    }
+}
+
+impl Topology {
+    /// The consumer limit a worker's own object store takes: the shared store's.
+    pub fn store_consumer_limit(&self) -> i32 {
+        self.objects.iter().map(|o| o.max_consumers).max().unwrap_or_default()
     }
 }
 
@@ -227,7 +237,7 @@ async fn ensure_stream(js: &jetstream::Context, config: &stream::Config) -> Resu
                 .map_err(|e| EdgeError::transient(format!("shortening the duplicate window of {}", config.name), e))?;
             tracing::info!(stream = %config.name, from = ?longer, to = ?config.duplicate_window, "duplicate window shortened");
         }
-        raise_consumer_limit(js, &mut have, config.max_consumers).await;
+        set_consumer_limit(js, &mut have, config.max_consumers).await;
         return compare_stream(config, &have);
     }
     match js.create_stream(config.clone()).await {
@@ -266,12 +276,12 @@ fn compare_bucket(
 /// admin) is told to have the admin apply the definitions, and goes on.
 pub async fn ensure_consumer_limit(js: &jetstream::Context, name: &str, want: i32) -> Result<(), EdgeError> {
     if let Some(mut have) = existing(js, name).await? {
-        raise_consumer_limit(js, &mut have, want).await;
+        set_consumer_limit(js, &mut have, want).await;
     }
     Ok(())
 }
 
-async fn raise_consumer_limit(js: &jetstream::Context, have: &mut stream::Config, want: i32) {
+async fn set_consumer_limit(js: &jetstream::Context, have: &mut stream::Config, want: i32) {
     if have.max_consumers == want {
         return;
     }
@@ -297,7 +307,7 @@ async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError
     let stream_name = format!("KV_{}", def.bucket);
     let max_age = Duration::from_secs(def.max_age_sec);
     if let Some(mut have) = existing(js, &stream_name).await? {
-        raise_consumer_limit(js, &mut have, def.max_consumers).await;
+        set_consumer_limit(js, &mut have, def.max_consumers).await;
         return compare_bucket("bucket", &def.bucket, max_age, Some(def.history), &have);
     }
     let config = kv::Config {
@@ -335,7 +345,7 @@ async fn ensure_kv(js: &jetstream::Context, def: &KvDef) -> Result<(), EdgeError
             .map_err(|e| EdgeError::transient(format!("turning rollups off on bucket {}", def.bucket), e))?;
         have = config;
     }
-    raise_consumer_limit(js, &mut have, def.max_consumers).await;
+    set_consumer_limit(js, &mut have, def.max_consumers).await;
     Ok(())
 }
 
@@ -343,7 +353,7 @@ async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<()
     let stream_name = format!("OBJ_{}", def.bucket);
     let max_age = Duration::from_secs(def.max_age_sec);
     if let Some(mut have) = existing(js, &stream_name).await? {
-        raise_consumer_limit(js, &mut have, def.max_consumers).await;
+        set_consumer_limit(js, &mut have, def.max_consumers).await;
         return compare_bucket("object store", &def.bucket, max_age, None, &have);
     }
     let config = object_store::Config {
@@ -368,6 +378,21 @@ async fn ensure_object_store(js: &jetstream::Context, def: &ObjDef) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every definition takes the replica count asked for, and the topology remembers it; a
+    /// worker's own store takes the shared store's consumer limit.
+    #[test]
+    fn a_topology_carries_its_replicas_and_the_stores_limit() {
+        for replicas in [1, 3] {
+            let topology = Topology::load(replicas).unwrap();
+            assert_eq!(topology.replicas, replicas);
+            assert!(topology.streams.iter().all(|s| s.num_replicas == replicas));
+            assert!(topology.buckets.iter().all(|b| b.num_replicas == replicas));
+            let shared = topology.objects.iter().find(|o| o.bucket == subjects::ARTIFACTS_BUCKET).unwrap();
+            assert_eq!(topology.store_consumer_limit(), shared.max_consumers);
+            assert!(shared.max_consumers >= 100_000, "{}", shared.max_consumers);
+        }
+    }
 
     /// A running stream that differs from its definition where behaviour changes is a conflict
     /// naming the field; replicas and descriptions may differ.

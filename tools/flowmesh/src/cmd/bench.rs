@@ -105,9 +105,9 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         let handles = Handles::ensure(&connect(&options).await?, &Topology::load(1)?).await?;
         (Some(stack), handles.js)
     } else {
-        let (_, handles, replicas) = nats.handles_with_replicas("flowmesh-bench").await?;
+        let (_, handles, topology) = nats.handles_with_topology("flowmesh-bench").await?;
         // The raw ceiling is measured on a stream with the deployment's replicas.
-        options.replicas = replicas;
+        options.replicas = topology.replicas;
         // Whatever of the stack runs on this machine.
         options.cpu_of = flowmesh::cpu::local_processes("flowmesh bench");
         (None, handles.js)

@@ -120,10 +120,9 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
             Ok(super::exit(rows.iter().all(|r| r.failed == 0 && r.error.is_none())))
         }
         Command::Apply => {
-            let (_, handles, replicas) = nats.handles_with_replicas("flowmesh-cli").await?;
+            let (_, handles, topology) = nats.handles_with_topology("flowmesh-cli").await?;
             // Every worker's own store takes as many consumers as the shared one.
-            let topology = flowmesh_nats::topology::Topology::load(replicas)?;
-            let limit = topology.objects.iter().map(|o| o.max_consumers).max().unwrap_or_default();
+            let limit = topology.store_consumer_limit();
             for bucket in flowmesh_nats::artifacts::stores(&handles.js).await? {
                 let stream = subjects::object_stream(&bucket);
                 flowmesh_nats::topology::ensure_consumer_limit(&handles.js, &stream, limit).await?;
@@ -136,7 +135,7 @@ pub async fn run(nats: &NatsArgs, command: Command) -> anyhow::Result<ExitCode> 
                 subjects::WORKERS_BUCKET,
                 subjects::CONTROL_BUCKET,
                 subjects::ARTIFACTS_BUCKET,
-                replicas
+                topology.replicas
             );
             Ok(ExitCode::SUCCESS)
         }
