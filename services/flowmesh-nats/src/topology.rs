@@ -89,6 +89,11 @@ impl Topology {
             objects: vec![artifacts],
         })
     }
+
+    /// The consumer limit a worker's own object store takes: the shared store's.
+    pub fn store_consumer_limit(&self) -> i32 {
+        self.objects.iter().map(|o| o.max_consumers).max().unwrap_or_default()
+    }
 }
 
 /// Handles on everything a service uses, once the topology is in place.
@@ -129,19 +134,10 @@ impl Handles {
     }
 }
 
-impl Topology {
-    /// The consumer limit a worker's own object store takes: the shared store's.
-    pub fn store_consumer_limit(&self) -> i32 {
-        self.objects.iter().map(|o| o.max_consumers).max().unwrap_or_default()
-    }
-}
-
 async fn existing(js: &jetstream::Context, name: &str) -> Result<Option<stream::Config>, EdgeError> {
     match js.get_stream(name).await {
-        Ok(mut s) => {
-            let info = s.info().await.map_err(|e| EdgeError::transient(format!("reading stream {name}"), e))?;
-            Ok(Some(info.config.clone()))
-        }
+        // The lookup reads the stream's info: its answer is the config.
+        Ok(s) => Ok(Some(s.cached_info().config.clone())),
         Err(e) if is_not_found(&e.to_string()) => Ok(None),
         Err(e) => Err(EdgeError::transient(format!("looking up stream {name}"), e)),
     }

@@ -240,7 +240,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) -> anyhow::Result<()> {
     let mut events_stream = handles.js.get_stream(subjects::EVENTS_STREAM).await?;
-    let last = events_stream.info().await?.state.last_sequence;
+    let last = events_stream.cached_info().state.last_sequence;
     let mut checkpoint = match &config.checkpoint_dir {
         Some(dir) => Some(checkpoint::Checkpoint::open(dir)?),
         None => None,

@@ -432,8 +432,9 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
 async fn stream_sequences(js: &jetstream::Context) -> anyhow::Result<BTreeMap<String, u64>> {
     let mut sequences = BTreeMap::new();
     for name in flowmesh_nats::artifacts::product_streams(js).await? {
-        let mut stream = js.get_stream(&name).await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?;
-        let last = stream.info().await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?.state.last_sequence;
+        // The lookup reads the stream's info, sequences included.
+        let stream = js.get_stream(&name).await.map_err(|e| anyhow::anyhow!("stream {name}: {e}"))?;
+        let last = stream.cached_info().state.last_sequence;
         sequences.insert(name, last);
     }
     Ok(sequences)

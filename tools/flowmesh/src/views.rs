@@ -290,8 +290,8 @@ pub struct StreamHealth {
 pub async fn stream_health(js: &jetstream::Context) -> anyhow::Result<Vec<StreamHealth>> {
     let mut out = Vec::new();
     for name in flowmesh_nats::artifacts::product_streams(js).await? {
-        let mut stream = js.get_stream(&name).await?;
-        let info = stream.info().await?;
+        let stream = js.get_stream(&name).await?;
+        let info = stream.cached_info();
         let (leader, replicas) = match &info.cluster {
             // A single server reports no cluster: it is its own leader.
             None => (Some("(single server)".to_owned()), Vec::new()),
