@@ -583,7 +583,7 @@ impl State {
             return Vec::new();
         }
         let sharing: BTreeSet<&str> = self
-            .running_workflows_unordered()
+            .running_with_merges()
             .flat_map(|wf| wf.tasks.iter())
             .filter_map(|t| crate::ids::workflow_of_task(t.merged_into.as_deref()?))
             .collect();
@@ -737,11 +737,7 @@ impl State {
     /// ended in the last 50 ms at once (100 at 2,000 workflows/s).
     pub fn forget_ended_into(&mut self, dropped: &mut Vec<Arc<WorkflowState>>) -> usize {
         if self.merging.is_none() {
-            let merging = self
-                .running_workflows_unordered()
-                .filter(|wf| wf.tasks.iter().any(|t| t.status == TaskStatus::Merged))
-                .map(|wf| wf.workflow_id.clone())
-                .collect();
+            let merging = self.running_with_merges().map(|wf| wf.workflow_id.clone()).collect();
             self.merging = Some(merging);
         }
         let rejected = std::mem::take(&mut self.rejected);
@@ -752,11 +748,7 @@ impl State {
             return rejected.len();
         }
         let sharing: BTreeSet<String> = self
-            .merging
-            .iter()
-            .flatten()
-            .filter_map(|id| self.workflow(id))
-            .filter(|wf| wf.status == WorkflowStatus::Running)
+            .running_with_merges()
             .flat_map(|wf| wf.tasks.iter())
             .filter(|t| t.status == TaskStatus::Merged)
             .filter_map(|t| self.task_index.get(t.merged_into.as_deref()?))
@@ -770,6 +762,18 @@ impl State {
             self.forgotten.insert(id);
         }
         rejected.len() + drop.len()
+    }
+
+    /// The running workflows that had a task merged into another's execution: those `merging`
+    /// lists, or, before the fold has built it (its first `forget_ended`), a walk of everything
+    /// running for them.
+    fn running_with_merges(&self) -> impl Iterator<Item = &WorkflowState> {
+        let listed = self.merging.iter().flatten().filter_map(|id| self.workflow(id));
+        let walked = self.merging.is_none().then(|| self.running_workflows_unordered()).into_iter().flatten();
+        listed
+            .chain(walked)
+            .filter(|wf| wf.status == WorkflowStatus::Running)
+            .filter(|wf| wf.tasks.iter().any(|t| t.merged_into.is_some()))
     }
 
     /// Takes a workflow out of the fold: its entry, its place among the running, its tasks.

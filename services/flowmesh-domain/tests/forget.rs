@@ -227,9 +227,15 @@ fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_work
     assert_eq!(state.workflows["wf-5"].status, WorkflowStatus::Running);
     apply_at(&mut state, accepted(3), &at(2, 0));
 
-    // Ended but still held: nothing is due until the fold dropped it.
+    // Ended but still held: nothing is due until the fold dropped it. The same in a fold
+    // restored from a checkpoint written before the fold noted merges: wf-5's task took its
+    // result already, and wf-5 still counts as sharing wf-4's execution.
     assert_eq!(state.due_for_purge(ms(60), 100), Vec::<String>::new());
+    let mut older = serde_json::to_value(&state).unwrap();
+    older.as_object_mut().unwrap().remove("merging");
+    let mut older: State = serde_json::from_value(older).unwrap();
     state.forget_ended();
+    older.forget_ended();
     assert!(!state.workflows.contains_key("wf-4"), "wf-4 is forgotten");
     // (ended before, limit, due): a minute is due once its last end (10:00:50, wf-4's) lies
     // before; wf-4 holds the execution whose result wf-5, still running, took; wf-3 runs.
@@ -243,6 +249,7 @@ fn retention_purges_what_ended_before_the_kept_period_and_nothing_a_running_work
         (ms(60), 100, vec!["wf-1", "wf-2"]),
     ] {
         assert_eq!(state.due_for_purge(before, limit), due, "ended before {before}, up to {limit}");
+        assert_eq!(older.due_for_purge(before, limit), due, "an older checkpoint, ended before {before}");
     }
     // Once wf-5 ends (10:03), wf-4 may go with it, and no sooner: wf-4's files are wf-5's
     // results too, so wf-4 counts as ended when wf-5 did.
