@@ -132,8 +132,10 @@ impl WorkflowIds {
     }
 
     pub fn len(&self) -> usize {
-        let in_ranges: u64 = self.ranges.iter().map(|(first, last)| last - first + 1).sum();
-        in_ranges as usize + self.others.len()
+        // Saturating: a record read from the log may hold a range as wide as u64.
+        let in_ranges =
+            self.ranges.iter().map(|(first, last)| (last - first).saturating_add(1)).fold(0, u64::saturating_add);
+        usize::try_from(in_ranges).unwrap_or(usize::MAX).saturating_add(self.others.len())
     }
 
     /// Adds `first..=last`, merging it with every range it overlaps or touches.
@@ -201,6 +203,14 @@ impl<'de> serde::Deserialize<'de> for WorkflowIds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_s_widest_range_counts_without_overflowing() {
+        let wide: WorkflowIds =
+            serde_json::from_value(serde_json::json!({"ranges": [[0, u64::MAX]], "others": ["job-1"]}))
+                .expect("a range as wide as u64 reads");
+        assert_eq!(wide.len(), usize::MAX);
+    }
 
     #[test]
     fn workflow_ids_are_kept_as_ranges_whatever_the_order_they_come_in() {

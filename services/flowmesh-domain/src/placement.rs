@@ -319,9 +319,10 @@ pub enum Strategy {
 /// A worker's throughput estimate: 100 per GPU, plus VRAM GiB, RAM GiB / 2 and cores / 2.
 pub fn throughput(w: &WorkerSnapshot) -> f64 {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let vram: u64 = w.hardware.gpus.iter().map(|g| g.memory_bytes).sum();
+    // Summed as GiB: a snapshot is its worker's word, and bytes summed as u64 can overflow.
+    let vram: f64 = w.hardware.gpus.iter().map(|g| gib(g.memory_bytes)).sum();
     100.0 * w.hardware.gpus.len() as f64
-        + gib(vram)
+        + vram
         + gib(w.hardware.memory_bytes) / 2.0
         + 0.5 * f64::from(w.hardware.cpu_cores)
 }
@@ -528,7 +529,7 @@ impl Member {
     /// Every batch slot taken, a place in its queue free.
     fn queues(&self) -> bool {
         let total = self.snapshot.slots.batch.total;
-        self.batch_in_use >= total && self.batch_in_use < total + self.snapshot.prefetch
+        self.batch_in_use >= total && self.batch_in_use < total.saturating_add(self.snapshot.prefetch)
     }
 
     /// Whether a task whose first exclusion here is `first` can go into this worker's queue. A

@@ -74,8 +74,15 @@ pub fn cap(mut problems: Vec<Problem>) -> Vec<Problem> {
 }
 
 fn cut(text: &mut String) {
-    if text.len() > MAX_TEXT_BYTES {
-        let mut end = MAX_TEXT_BYTES - "…".len();
+    cut_text(text, MAX_TEXT_BYTES);
+}
+
+/// Cuts `text` to at most `max` bytes, an ellipsis included where it cut, at a character
+/// boundary: what it cuts is often someone else's text (a message quoting the value it
+/// refuses), and `String::truncate` inside a character panics.
+pub fn cut_text(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max.saturating_sub("…".len());
         while !text.is_char_boundary(end) {
             end -= 1;
         }

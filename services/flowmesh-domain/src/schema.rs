@@ -81,15 +81,9 @@ fn problems(validator: &jsonschema::Validator, instance: &Value, base: &str) -> 
 
 /// Schema messages quote the offending value; a huge value must not make a huge event.
 fn shorten(message: &str) -> String {
-    const MAX: usize = 240;
-    if message.len() <= MAX {
-        return message.to_owned();
-    }
-    let mut cut = MAX;
-    while !message.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &message[..cut])
+    let mut message = message.to_owned();
+    crate::problem::cut_text(&mut message, 240 + "…".len());
+    message
 }
 
 /// Problems of a whole document against the workflow schema.

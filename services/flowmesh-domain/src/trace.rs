@@ -302,11 +302,15 @@ pub fn unix_ms(text: &str) -> Option<u64> {
         millis = padded.parse().ok()?;
         rest = &fraction[digits..];
     }
-    let offset_min = match rest {
-        "Z" | "z" => 0,
-        _ if rest.len() == 6 && matches!(&rest[..1], "+" | "-") && &rest[3..4] == ":" => {
-            let sign = if rest.starts_with('-') { -1 } else { 1 };
-            sign * (rest[1..3].parse::<i64>().ok()? * 60 + rest[4..6].parse::<i64>().ok()?)
+    // Matched as bytes: the text is whatever its writer put there, and slicing a str inside a
+    // character panics (a worker's completion time is read by the router's fold).
+    let digits =
+        |pair: [u8; 2]| pair.iter().all(u8::is_ascii_digit).then(|| i64::from((pair[0] - b'0') * 10 + pair[1] - b'0'));
+    let offset_min = match *rest.as_bytes() {
+        [b'Z' | b'z'] => 0,
+        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
+            let minutes = digits([h1, h2])? * 60 + digits([m1, m2])?;
+            if sign == b'-' { -minutes } else { minutes }
         }
         _ => return None,
     };

@@ -150,6 +150,39 @@ fn a_body_is_believed_only_where_its_subject_agrees() {
             Err("not an event"),
         ),
         ("not JSON", format!("{s}.w1"), b"\xff\x00garbage".to_vec(), Err("not an event")),
+        // Found by the event fuzz test: the decoding skips a field it does not know without
+        // reading its strings, and so took this until it checked the encoding first.
+        (
+            "bytes that are not UTF-8 in a field the body does not know",
+            format!("{s}.w1"),
+            [&json(&started("w1"))[..1], b"\"note\":\"\xc3(\",", &json(&started("w1"))[1..]].concat(),
+            Err("not an event"),
+        ),
+        // serde's message quotes the offending value; cut to 200 bytes inside a character, it
+        // panicked in `read` itself, in every build: one such report stopped every reader.
+        (
+            "a wrongly typed field holding a long text that is not ASCII",
+            format!("{s}.w1"),
+            format!(
+                r#"{{"id":"x","time":"t","type":"task.started","workflow_id":"wf-1","task_id":"wf-1-main","stage":"main","attempt":"a{}","worker_id":"w1"}}"#,
+                "\u{e9}".repeat(300)
+            )
+            .into_bytes(),
+            Err("not an event"),
+        ),
+        // Also found by it: serde's derived decoding refuses this (its buffer of unknown fields
+        // stops at 128 levels), which made debug builds panic on the comparison of the two.
+        (
+            "a field the body does not know, nested 200 levels deep",
+            format!("{s}.w1"),
+            [
+                &json(&started("w1"))[..1],
+                format!("\"note\":{}1{},", "[".repeat(200), "]".repeat(200)).as_bytes(),
+                &json(&started("w1"))[1..],
+            ]
+            .concat(),
+            Ok("task.started"),
+        ),
         (
             "a kind this version does not know",
             "wf-1.wf-1-main.task.exploded".into(),

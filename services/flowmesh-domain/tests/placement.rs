@@ -756,3 +756,81 @@ fn a_vllm_task_without_a_vllm_worker_is_explained_by_its_backend() {
         "an auto-backend task goes to the best worker by score"
     );
 }
+
+/// A worker writes its own snapshot, so its numbers are input like any other: at their extremes
+/// (none, the type's largest, out of range) they may make a worker useless, never the router
+/// panic, and the fast and full walks still agree on every pick.
+#[test]
+fn snapshots_with_extreme_numbers_place_and_explain_without_panicking() {
+    use flowmesh_domain::placement::FleetIndex;
+    const FIELDS: &[&str] = &[
+        "/slots/batch/total",
+        "/slots/batch/in_use",
+        "/slots/service/total",
+        "/prefetch",
+        "/queued",
+        "/hardware/cpu_cores",
+        "/hardware/memory_bytes",
+        "/hardware/shared_memory_bytes",
+        "/hardware/gpus/0/memory_bytes",
+        "/cost_per_hour",
+        "/load",
+        "/idle_since_ms",
+        "/ttl_sec",
+        "/heartbeat_interval_sec",
+    ];
+    let extremes =
+        [json!(0), json!(1), json!(u32::MAX), json!(u64::MAX), json!(-1), json!(1e308), json!(-1e308), json!(0.5)];
+    let mut next = xorshift(0x5DEECE66D);
+    let types = ["echo", "sft", "inference"];
+    let (mut odd, mut refused) = (0, 0);
+    for round in 0..300 {
+        let mut fleet = random_fleet(&mut next, &types);
+        for w in fleet.iter_mut() {
+            if next(3) != 0 {
+                continue;
+            }
+            let mut value = serde_json::to_value(&*w).unwrap();
+            for _ in 0..=next(3) {
+                if let Some(field) = value.pointer_mut(FIELDS[next(FIELDS.len() as u64) as usize]) {
+                    *field = extremes[next(extremes.len() as u64) as usize].clone();
+                }
+            }
+            // What does not decode is ignored by the router with a warning: nothing to place.
+            match serde_json::from_value::<WorkerSnapshot>(value) {
+                Ok(decoded) => {
+                    *w = decoded;
+                    odd += 1;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        let mut candidates = random_candidates(&fleet, &mut next, 3);
+        for c in candidates.iter_mut() {
+            if next(4) == 0 {
+                c.batch_in_use = [u32::MAX, c.snapshot.slots.batch.total][next(2) as usize];
+            }
+        }
+        let mut index = FleetIndex::new(&candidates);
+        index.prepare();
+        let avoid = BTreeSet::new();
+        for strategy in [Strategy::BestFit, Strategy::FirstFit, Strategy::MinSatisfying] {
+            for t in types {
+                let request = random_request(&mut next, t);
+                let now_ms = [0, 7_200_000, u64::MAX][next(3) as usize];
+                let fast = index.place(&request, "s", "wf-1-s", strategy, &avoid, now_ms);
+                let full = index.place_explained(&request, "s", "wf-1-s", strategy, &avoid, now_ms);
+                let pick = |p: &Placement| match p {
+                    Placement::Chosen { worker_id, queued, .. } => Some((worker_id.clone(), *queued)),
+                    Placement::Pending(_) => None,
+                };
+                assert_eq!(pick(&fast), pick(&full), "round {round}, {strategy:?}, {t}");
+                let _ = (index.full(t), index.saturated(true, true), index.signature());
+                if let Some((worker_id, _)) = pick(&fast) {
+                    index.occupy(&worker_id, false);
+                }
+            }
+        }
+    }
+    assert!(odd > 100 && refused > 100, "{odd} odd snapshots placed, {refused} refused");
+}

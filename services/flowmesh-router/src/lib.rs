@@ -172,9 +172,14 @@ impl Seen {
     /// the router could not hear anyone, no worker could be heard, and that silence is no
     /// worker's fault.
     fn is_live(&self, now_ms: u64, contact_since_ms: u64) -> bool {
-        let heard = self.updated_ms.max(contact_since_ms);
-        !self.left && now_ms.saturating_sub(heard) <= self.snapshot.ttl_sec * 1000
+        !self.left && heard_within_ttl(now_ms, self.updated_ms.max(contact_since_ms), self.snapshot.ttl_sec)
     }
+}
+
+/// Whether a worker last heard at `heard_ms` is still within its TTL at `now_ms`. The TTL is the
+/// worker's own word (its snapshot), so any number must give an answer.
+fn heard_within_ttl(now_ms: u64, heard_ms: u64, ttl_sec: u64) -> bool {
+    now_ms.saturating_sub(heard_ms) <= ttl_sec.saturating_mul(1000)
 }
 
 struct Router {
@@ -1096,8 +1101,28 @@ const WHOLE_ROUND_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
-    use super::{Seqs, gone_for_good, keep_ended, keep_ended_sec, received_before_start, whole_round_every};
+    use super::{
+        Seqs, gone_for_good, heard_within_ttl, keep_ended, keep_ended_sec, received_before_start, whole_round_every,
+    };
     use std::time::Duration;
+
+    #[test]
+    fn a_worker_is_live_within_its_ttl_whatever_its_snapshot_says() {
+        for (now_ms, heard_ms, ttl_sec, live) in [
+            (10_000, 0, 10, true),
+            (10_001, 0, 10, false),
+            (5_000, 5_000, 0, true),
+            (5_001, 5_000, 0, false),
+            // Heard "after" now (another thread's clock read): live.
+            (1_000, 2_000, 0, true),
+            // A TTL whose milliseconds do not fit in u64: for ever, not an overflow.
+            (u64::MAX, 0, u64::MAX, true),
+            (u64::MAX, 0, u64::MAX / 1000 + 1, true),
+            (u64::MAX, 0, 0, false),
+        ] {
+            assert_eq!(heard_within_ttl(now_ms, heard_ms, ttl_sec), live, "{now_ms} {heard_ms} {ttl_sec}");
+        }
+    }
 
     #[test]
     fn a_worker_is_forgotten_once_gone_for_good() {
