@@ -110,7 +110,8 @@ pub async fn follow(
     }
 }
 
-/// One line for a person following a workflow, or `None` for events not worth a line.
+/// One line for a person following a workflow, or `None` for events not worth a line. Fit to
+/// print: what the event's writer wrote is [`crate::table::printable`].
 pub fn progress_line(event: &Event) -> Option<String> {
     let line = match &event.body {
         EventBody::SubmissionAccepted(e) => {
@@ -153,7 +154,7 @@ pub fn progress_line(event: &Event) -> Option<String> {
         | EventBody::WorkerPrewarmRequested(_)
         | EventBody::WorkflowsPurged(_) => return None,
     };
-    Some(line)
+    Some(crate::table::printable(&line).into_owned())
 }
 
 /// The results of a finished workflow, stage → result (fetched from the store when not inline).
@@ -272,8 +273,25 @@ impl LiveView {
 
 #[cfg(test)]
 mod tests {
-    use super::{fresh_msg_id, progress_bar};
+    use super::{fresh_msg_id, progress_bar, progress_line};
+    use flowmesh_domain::Event;
+    use flowmesh_domain::event::{EventBody, FailureReason, TaskFailed, TaskRef};
     use serde_json::json;
+
+    #[test]
+    fn a_worker_s_failure_message_prints_as_text() {
+        let task =
+            TaskRef { workflow_id: "wf-1".into(), task_id: "wf-1-main".into(), stage: "main".into(), attempt: 1 };
+        let failed = EventBody::TaskFailed(TaskFailed {
+            task,
+            worker_id: Some("w1".into()),
+            reason: FailureReason::ExecutorError,
+            message: "exit 1\x1b[2J\rall good".into(),
+            retryable: false,
+        });
+        let line = progress_line(&Event::new(failed, "2026-11-27T00:00:00Z".into(), 0)).unwrap();
+        assert_eq!(line, "main         failed: exit 1\\u{1b}[2J\\rall good (executor_error)");
+    }
 
     #[test]
     fn message_ids_made_at_once_on_many_threads_never_repeat() {

@@ -101,7 +101,7 @@ pub fn task_table(tasks: &[&TaskState]) -> String {
 }
 
 pub fn print_workflow(wf: &WorkflowState) {
-    println!("{} ({}) {}", wf.workflow_id, wf.name, wf.status.as_str());
+    println!("{} ({}) {}", wf.workflow_id, table::printable(&wf.name), wf.status.as_str());
     print!("{}", task_table(&wf.tasks.iter().collect::<Vec<_>>()));
 }
 

@@ -1,6 +1,7 @@
 //! `flowmesh events [--follow] [--workflow WF | --task TASK] [--json]`: the raw event log, a line
 //! per event; what the log holds that is not a readable event is reported as skipped.
 
+use flowmesh::table::printable;
 use flowmesh::{log, submit};
 use flowmesh_nats::cli::NatsArgs;
 use flowmesh_nats::subjects;
@@ -39,13 +40,15 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         match (read?, args.json) {
             (log::Read::Event(event), true) => println!("{}", serde_json::to_string(&event)?),
             (log::Read::Event(event), false) => {
-                let line = submit::progress_line(&event).unwrap_or_else(|| event.id.clone());
-                println!("{}  {:<22} {}", event.time, event.body.kind(), line);
+                let line = submit::progress_line(&event).unwrap_or_else(|| printable(&event.id).into_owned());
+                println!("{}  {:<22} {}", printable(&event.time), event.body.kind(), line);
             }
             (log::Read::Skipped(skipped), true) => {
                 println!("{}", serde_json::to_value(SkippedLine { skipped: &skipped })?)
             }
-            (log::Read::Skipped(s), false) => println!("skipped seq {} on {}: {}", s.seq, s.subject, s.reason),
+            (log::Read::Skipped(s), false) => {
+                println!("skipped seq {} on {}: {}", s.seq, printable(&s.subject), printable(&s.reason))
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -108,7 +108,7 @@ pub async fn watch(
             eprintln!("rejected with {} problem(s)", problems.len());
         }
         for p in &problems {
-            eprintln!("{p}");
+            eprintln!("{}", flowmesh::table::printable(&p.to_string()));
         }
     }
     Ok(outcome)
@@ -129,7 +129,7 @@ async fn verdict(js: &async_nats::jetstream::Context, workflow_id: &str, timeout
     }
     if let EventBody::SubmissionRejected(r) = &event.body {
         for p in &r.errors {
-            eprintln!("  {p}");
+            eprintln!("  {}", flowmesh::table::printable(&p.to_string()));
         }
     }
     Ok(matches!(event.body, EventBody::SubmissionAccepted(_)))

@@ -122,7 +122,7 @@ async fn from_log(nats: &NatsArgs, command: FromLog) -> anyhow::Result<ExitCode>
             if let Some(r) = state.rejected.get(&id) {
                 println!("{id} was rejected:");
                 for p in &r.errors {
-                    println!("  {p}");
+                    println!("  {}", flowmesh::table::printable(&p.to_string()));
                 }
                 return Ok(ExitCode::from(1));
             }
