@@ -266,6 +266,11 @@ impl World {
     /// Runs `flowmesh <args>` to its end against this world (from the repository root, so the
     /// examples' relative paths work) and returns what it printed.
     pub async fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        self.cli_with(args, &[]).await
+    }
+
+    /// [`World::cli`] with more environment: a user's credentials on a secured world.
+    pub async fn cli_with(&self, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<std::process::Output> {
         // The first call runs `cargo build` (seconds on a busy machine): off the runtime's
         // thread, so the in-process services keep their heartbeats meanwhile.
         let bin = tokio::task::spawn_blocking(flowmesh_bin).await?;
@@ -274,6 +279,7 @@ impl World {
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .env("NATS_URL", self.url())
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .output()
             .await?)
     }

@@ -175,7 +175,17 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
     assert!(workers.get("own").await?.is_some(), "it reads the fleet");
     // The same refusals are not a broken server: its own key can be written.
     let snapshot = workers.get("own").await?.expect("the worker's snapshot");
-    assert!(workers.put("own", snapshot).await.is_ok());
+    assert!(workers.put("own", snapshot.clone()).await.is_ok());
+    // Under its own key it can still only describe itself: a snapshot there naming the other
+    // worker is not believed (the router ignores it as `worker list` does).
+    let mut posing: serde_json::Value = serde_json::from_slice(&snapshot)?;
+    posing["id"] = "other".into();
+    assert!(workers.put("own", serde_json::to_vec(&posing)?.into()).await.is_ok());
+    let out = world.cli_with(&["worker", "list", "--json"], &as_role("admin")).await?;
+    assert!(out.status.success(), "{}", tests::output_text(&out));
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let ids: Vec<&serde_json::Value> = listed.iter().map(|w| &w["snapshot"]["id"]).collect();
+    assert!(ids.iter().all(|id| id.is_string() && *id != "other"), "{listed:?}");
     world.shutdown().await;
     Ok(())
 }

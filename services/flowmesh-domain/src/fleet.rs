@@ -47,6 +47,18 @@ pub(crate) fn is_zero(n: &u32) -> bool {
 }
 
 impl WorkerSnapshot {
+    /// Reads the snapshot stored under `key` in the workers bucket. It is believed only under
+    /// its own worker's key, which NATS permissions bind to that worker's user, as an event is
+    /// only under its own subject: a snapshot naming another worker would put that worker's
+    /// slots, hardware and task types in the fleet on the writer's word.
+    pub fn read(key: &str, bytes: &[u8]) -> Result<WorkerSnapshot, String> {
+        let snapshot: WorkerSnapshot = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if snapshot.id != key {
+            return Err(format!("it names worker {:?} under the key of {key:?}", snapshot.id));
+        }
+        Ok(snapshot)
+    }
+
     /// The warm entry for `model` (ids compare case-insensitively, as hub ids do).
     pub fn warm(&self, model: &str) -> Option<&WarmModel> {
         self.warm_models.iter().find(|m| m.id.eq_ignore_ascii_case(model))

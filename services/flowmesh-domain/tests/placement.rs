@@ -834,3 +834,20 @@ fn snapshots_with_extreme_numbers_place_and_explain_without_panicking() {
     }
     assert!(odd > 100 && refused > 100, "{odd} odd snapshots placed, {refused} refused");
 }
+
+/// A snapshot is believed only under its own worker's key, as an event is only under its own
+/// subject: a worker may write only its own key, never another worker's place in the fleet.
+#[test]
+fn a_snapshot_is_believed_only_under_its_own_worker_s_key() {
+    let bytes = serde_json::to_vec(&worker("w1", &["echo"], 4, 8, &[])).unwrap();
+    assert_eq!(WorkerSnapshot::read("w1", &bytes).map(|w| w.id), Ok("w1".to_owned()));
+    for (key, body, why) in [
+        ("w2", bytes.as_slice(), "it names worker \"w1\" under the key of \"w2\""),
+        ("w1x", bytes.as_slice(), "it names worker \"w1\" under the key of \"w1x\""),
+        ("w1", b"{}".as_slice(), "missing field"),
+        ("w1", b"\xff".as_slice(), "expected value"),
+    ] {
+        let refused = WorkerSnapshot::read(key, body).expect_err(key);
+        assert!(refused.contains(why), "{key}: {refused}");
+    }
+}

@@ -590,7 +590,7 @@ impl Router {
             return false;
         }
         match entry.operation {
-            kv::Operation::Put => match serde_json::from_slice::<WorkerSnapshot>(&entry.value) {
+            kv::Operation::Put => match WorkerSnapshot::read(&entry.key, &entry.value) {
                 Ok(snapshot) => {
                     self.fleet.insert(
                         entry.key.clone(),
@@ -600,7 +600,7 @@ impl Router {
                     false
                 }
                 Err(e) => {
-                    warn!(key = %entry.key, error = %e, "unreadable worker snapshot; ignoring it");
+                    warn!(key = %entry.key, error = %e, "worker snapshot not believed; ignoring it");
                     false
                 }
             },

@@ -114,7 +114,7 @@ pub async fn workers(js: &jetstream::Context) -> anyhow::Result<Vec<(WorkerSnaps
     while let Some(key) = keys.next().await {
         let key = key?;
         if let Some(entry) = store.entry(&key).await?
-            && let Ok(snapshot) = serde_json::from_slice::<WorkerSnapshot>(&entry.value)
+            && let Ok(snapshot) = WorkerSnapshot::read(&key, &entry.value)
         {
             out.push((snapshot, now.saturating_sub(clock::unix_ms(entry.created)) / 1000));
         }
