@@ -136,6 +136,9 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
     let workers = subjects::WORKERS_BUCKET;
     let replacements: Vec<(String, Vec<String>)> = vec![
         (format!("$KV.{workers}.>"), vec![format!("$KV.{workers}.{id}")]),
+        // Live output only under its own name: a follower shows a chunk only from the worker
+        // the task was dispatched to.
+        (subjects::logs("*", "*", "*"), vec![subjects::logs("*", "*", id)]),
         (
             format!("$JS.API.CONSUMER.CREATE.{work}.>"),
             vec![format!("$JS.API.CONSUMER.CREATE.{work}.{consumer}.{}", subjects::work(id))],

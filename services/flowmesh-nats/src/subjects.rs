@@ -166,10 +166,26 @@ pub fn prewarm(worker_id: &str) -> String {
     format!("{CONTROL_PREFIX}.{worker_id}.prewarm")
 }
 
-/// Core-NATS subject carrying a running task's output as it is written:
-/// `flowmesh.logs.<task_id>.stdout` / `.stderr` (best effort; the stored logs are complete).
-pub fn logs(task_id: &str, stream: &str) -> String {
-    format!("{LOGS_PREFIX}.{task_id}.{stream}")
+/// Core-NATS subject carrying a running task's output as it is written, by the worker running
+/// it: `flowmesh.logs.<task_id>.stdout|stderr.<worker_id>` (best effort; the stored logs are
+/// complete). The worker's token is what NATS binds to a per-worker user, so a follower
+/// believes a chunk only from the worker the task was dispatched to ([`logs_writer`]).
+pub fn logs(task_id: &str, stream: &str, worker_id: &str) -> String {
+    format!("{LOGS_PREFIX}.{task_id}.{stream}.{worker_id}")
+}
+
+/// What a follower of a task's live output subscribes to: its chunks from any worker.
+pub fn logs_of(task_id: &str, stream: &str) -> String {
+    logs(task_id, stream, "*")
+}
+
+/// The task and the worker of a live-output subject ([`logs`]).
+pub fn logs_writer(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix(LOGS_PREFIX)?.strip_prefix('.')?;
+    match rest.split('.').collect::<Vec<_>>()[..] {
+        [task, "stdout" | "stderr", worker] if !task.is_empty() && !worker.is_empty() => Some((task, worker)),
+        _ => None,
+    }
 }
 
 /// Core-NATS subject on which the router explains why a task waits for a slot on a busy fleet
@@ -215,7 +231,7 @@ pub fn bench_raw_stream(nonce: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{event, event_kind, events_of_kind};
+    use super::{event, event_kind, events_of_kind, logs, logs_of, logs_writer};
 
     /// NATS subject matching: `*` is one token, `>` the rest.
     fn matches(pattern: &str, subject: &str) -> bool {
@@ -228,6 +244,23 @@ mod tests {
                 (None, None) => return true,
                 _ => return false,
             }
+        }
+    }
+
+    #[test]
+    fn a_live_output_subject_names_its_task_and_writer() {
+        assert_eq!(logs("wf-1-main", "stdout", "w1"), "flowmesh.logs.wf-1-main.stdout.w1");
+        assert_eq!(logs_of("wf-1-main", "stderr"), "flowmesh.logs.wf-1-main.stderr.*");
+        assert_eq!(logs_writer("flowmesh.logs.wf-1-main.stderr.w1"), Some(("wf-1-main", "w1")));
+        for subject in [
+            "flowmesh.logs.wf-1-main.stdout",
+            "flowmesh.logs.wf-1-main.stdin.w1",
+            "flowmesh.logs.wf-1-main.stdout.w1.x",
+            "flowmesh.logs..stdout.w1",
+            "flowmesh.logsx.wf-1-main.stdout.w1",
+            "flowmesh.events.wf-1.wf-1-main.task.started.w1",
+        ] {
+            assert_eq!(logs_writer(subject), None, "{subject}");
         }
     }
 

@@ -786,7 +786,8 @@ async fn execute(
             updates: task_updates,
         };
         if uses_files {
-            let running = tail_logs(&shared.client, &order.task_id, &work_dir, executor.run(&ctx));
+            let running =
+                tail_logs(&shared.client, &shared.config.worker_id, &order.task_id, &work_dir, executor.run(&ctx));
             with_progress(message, shared.config.ack_wait, running).await
         } else if at_once {
             executor.run(&ctx).await
@@ -933,9 +934,11 @@ async fn fetch_inputs(shared: &Shared, order: &WorkOrder, work_dir: &Path) -> Re
     Ok(())
 }
 
-/// Publishes what a running task writes to its logs, every half second, on `flowmesh.logs.<task>.*`.
+/// Publishes what a running task writes to its logs, every half second, on
+/// `flowmesh.logs.<task>.<stream>.<worker>`.
 async fn tail_logs<T>(
     client: &async_nats::Client,
+    worker_id: &str,
     task_id: &str,
     work_dir: &Path,
     work: impl std::future::Future<Output = T>,
@@ -946,21 +949,27 @@ async fn tail_logs<T>(
     loop {
         tokio::select! {
             out = &mut work => {
-                publish_new_output(client, task_id, work_dir, &mut offsets).await;
+                publish_new_output(client, worker_id, task_id, work_dir, &mut offsets).await;
                 return out;
             }
-            _ = tick.tick() => publish_new_output(client, task_id, work_dir, &mut offsets).await,
+            _ = tick.tick() => publish_new_output(client, worker_id, task_id, work_dir, &mut offsets).await,
         }
     }
 }
 
-async fn publish_new_output(client: &async_nats::Client, task_id: &str, work_dir: &Path, offsets: &mut [u64; 2]) {
+async fn publish_new_output(
+    client: &async_nats::Client,
+    worker_id: &str,
+    task_id: &str,
+    work_dir: &Path,
+    offsets: &mut [u64; 2],
+) {
     for (i, name) in ["stdout", "stderr"].iter().enumerate() {
         let Ok(bytes) = std::fs::read(work_dir.join(format!("{name}.log"))) else { continue };
         let start = offsets[i] as usize;
         if bytes.len() > start {
             for chunk in bytes[start..].chunks(64 * 1024) {
-                let _ = client.publish(subjects::logs(task_id, name), chunk.to_vec().into()).await;
+                let _ = client.publish(subjects::logs(task_id, name, worker_id), chunk.to_vec().into()).await;
             }
             offsets[i] = bytes.len() as u64;
         }

@@ -267,6 +267,54 @@ pub async fn stored_log(stores: &Stores, task: &TaskState, stream: &str) -> anyh
     Ok(stores.find(&buckets, &subjects::log_object(&task.def.task_id, stream)).await?)
 }
 
+/// Tasks' live output as a follower shows it: a chunk only from the worker its task was
+/// dispatched to (the last token of its subject, which NATS binds to a per-worker user), so
+/// another worker cannot put lines in it. A chunk from another worker is held (up to
+/// [`LiveOutput::HELD_BYTES`] in all), since it may be the next attempt's, come before the fold
+/// has its dispatch; it is shown, in the order it came, once the fold names its writer.
+#[derive(Debug, Default)]
+pub struct LiveOutput {
+    /// (task, writer, chunk), in arrival order.
+    held: Vec<(String, String, Vec<u8>)>,
+    held_bytes: usize,
+}
+
+impl LiveOutput {
+    /// The most a follower holds for writers the fold does not (yet) name.
+    pub const HELD_BYTES: usize = 1 << 20;
+
+    /// Takes a chunk published on `subject`; returns what can be shown now, in order, as (task,
+    /// chunk): what was held and now may be, then this chunk if it may.
+    pub fn take(&mut self, subject: &str, chunk: &[u8], state: &State) -> Vec<(String, Vec<u8>)> {
+        let mut shown = self.release(state);
+        let Some((task, writer)) = subjects::logs_writer(subject) else { return shown };
+        if runs(state, task, writer) {
+            shown.push((task.to_owned(), chunk.to_vec()));
+        } else if self.held_bytes + chunk.len() <= Self::HELD_BYTES {
+            self.held_bytes += chunk.len();
+            self.held.push((task.to_owned(), writer.to_owned(), chunk.to_vec()));
+        }
+        shown
+    }
+
+    /// The held chunks whose writer the fold now names for their task, in the order they came.
+    pub fn release(&mut self, state: &State) -> Vec<(String, Vec<u8>)> {
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let (now, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.held).into_iter().partition(|(task, writer, _)| runs(state, task, writer));
+        self.held = later;
+        self.held_bytes = self.held.iter().map(|(_, _, chunk)| chunk.len()).sum();
+        now.into_iter().map(|(task, _, chunk)| (task, chunk)).collect()
+    }
+}
+
+/// Whether the fold has `task`'s current attempt on `writer`.
+fn runs(state: &State, task: &str, writer: &str) -> bool {
+    state.task(task).and_then(|t| t.worker_id.as_deref()) == Some(writer)
+}
+
 fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
@@ -340,6 +388,75 @@ impl Row for StreamHealth {
 
 #[cfg(test)]
 mod tests {
+
+    /// Live output is shown only from the worker the task was dispatched to, in the order it
+    /// came, and what comes before the fold knows the dispatch waits for it.
+    #[test]
+    fn live_output_is_shown_only_from_the_task_s_worker_in_order() {
+        use super::LiveOutput;
+        use flowmesh_domain::event::{SubmissionAccepted, SubmissionRef, TaskDispatched, TaskRef, TaskRequeued};
+        use flowmesh_domain::{Event, EventBody, state::State};
+        use flowmesh_nats::subjects::logs;
+        let workflow = flowmesh_domain::validate_submission(
+            b"apiVersion: flowmesh/v1\nkind: EchoTask\nmetadata: {name: e}\nspec: {taskType: echo, data: {type: list, items: [a]}}\n",
+            "wf-1",
+        )
+        .unwrap();
+        let task = workflow.tasks[0].task_id.clone();
+        let accepted = EventBody::SubmissionAccepted(SubmissionAccepted {
+            workflow_id: "wf-1".into(),
+            submission: SubmissionRef { stream: "S".into(), seq: 1, msg_id: None, validated_by: None },
+            task_ids: vec![task.clone()],
+            workflow,
+        });
+        let dispatched = |attempt, worker: &str| {
+            let task = TaskRef { workflow_id: "wf-1".into(), task_id: task.clone(), stage: "main".into(), attempt };
+            Event::new(
+                EventBody::TaskDispatched(TaskDispatched {
+                    task,
+                    worker_id: worker.into(),
+                    task_type: "echo".into(),
+                    message: String::new(),
+                    order: None,
+                }),
+                "t".into(),
+                0,
+            )
+        };
+        let mut state = State::default();
+        state.apply(&Event::new(accepted, "t".into(), 0));
+        let mut live = LiveOutput::default();
+        let shown =
+            |v: Vec<(String, Vec<u8>)>| v.into_iter().map(|(_, c)| String::from_utf8(c).unwrap()).collect::<Vec<_>>();
+        // Before the dispatch is folded: held, whoever wrote it.
+        assert!(live.take(&logs(&task, "stdout", "w1"), b"one", &state).is_empty());
+        assert!(live.take(&logs(&task, "stdout", "evil"), b"forged", &state).is_empty());
+        assert!(live.take(&logs(&task, "stdout", "w1"), b"two", &state).is_empty());
+        // Dispatched to w1: its chunks come out in order, the other worker's never.
+        state.apply(&dispatched(1, "w1"));
+        assert_eq!(shown(live.release(&state)), ["one", "two"]);
+        assert_eq!(shown(live.take(&logs(&task, "stdout", "w1"), b"three", &state)), ["three"]);
+        assert!(live.take(&logs(&task, "stdout", "evil"), b"forged", &state).is_empty());
+        assert!(live.take("flowmesh.logs.not-a-log-subject", b"x", &state).is_empty());
+        // The next attempt on w2: its chunks wait for its dispatch; w1's after it never show.
+        assert!(live.take(&logs(&task, "stdout", "w2"), b"four", &state).is_empty());
+        let requeued = TaskRequeued {
+            task: TaskRef { workflow_id: "wf-1".into(), task_id: task.clone(), stage: "main".into(), attempt: 2 },
+            reason: "worker_lost".into(),
+            worker_id: Some("w1".into()),
+        };
+        state.apply(&Event::new(EventBody::TaskRequeued(requeued), "t".into(), 0));
+        state.apply(&dispatched(2, "w2"));
+        assert_eq!(shown(live.release(&state)), ["four"]);
+        assert!(live.take(&logs(&task, "stdout", "w1"), b"late", &state).is_empty());
+        assert_eq!(shown(live.take(&logs(&task, "stdout", "w2"), b"five", &state)), ["five"]);
+        // What waits is bounded.
+        let big = vec![b'x'; LiveOutput::HELD_BYTES];
+        let mut fresh = LiveOutput::default();
+        assert!(fresh.take(&logs("wf-9-main", "stdout", "w1"), &big, &State::default()).is_empty());
+        assert!(fresh.take(&logs("wf-9-main", "stdout", "w1"), b"over", &State::default()).is_empty());
+        assert_eq!(fresh.held.len(), 1);
+    }
     use super::gpu_summary;
     use flowmesh_domain::fleet::Gpu;
 

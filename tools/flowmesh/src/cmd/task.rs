@@ -169,28 +169,33 @@ async fn follow_logs(
     stream: &str,
 ) -> anyhow::Result<ExitCode> {
     use std::io::Write;
-    let mut output = client.subscribe(subjects::logs(id, stream)).await?;
+    let mut output = client.subscribe(subjects::logs_of(id, stream)).await?;
     // The whole workflow's events: the fold learns the task from `submission.accepted`, which the
     // task's own subjects do not carry (following only those never saw the task end).
     let workflow_id = id.splitn(3, '-').take(2).collect::<Vec<_>>().join("-");
     let events = log::events(js, subjects::workflow_events(&workflow_id), true).await?;
     futures_util::pin_mut!(events);
     let mut state = State::default();
+    let mut live = views::LiveOutput::default();
     let mut printed_live = false;
+    let mut print = |shown: Vec<(String, Vec<u8>)>| -> std::io::Result<()> {
+        for (_, chunk) in shown {
+            std::io::stdout().write_all(&chunk)?;
+            printed_live |= !chunk.is_empty();
+        }
+        std::io::stdout().flush()
+    };
     loop {
         tokio::select! {
             chunk = output.next() => match chunk {
-                Some(message) => {
-                    std::io::stdout().write_all(&message.payload)?;
-                    std::io::stdout().flush()?;
-                    printed_live |= !message.payload.is_empty();
-                }
+                Some(message) => print(live.take(&message.subject, &message.payload, &state))?,
                 None => return Ok(ExitCode::SUCCESS),
             },
             event = events.next() => match event {
                 Some(event) => {
                     let event = event?;
                     state.apply(&event);
+                    print(live.release(&state))?;
                     if let Some(t) = state.task(id)
                         && t.status.is_terminal()
                     {

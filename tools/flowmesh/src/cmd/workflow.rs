@@ -222,27 +222,33 @@ async fn follow(
 ) -> anyhow::Result<ExitCode> {
     let mut subscriptions = Vec::new();
     for t in tasks {
-        let stage = t.def.stage.clone();
-        let subscriber = client.subscribe(subjects::logs(&t.def.task_id, stream)).await?;
-        subscriptions.push(subscriber.map(move |m| (stage.clone(), m.payload)).boxed());
+        subscriptions.push(client.subscribe(subjects::logs_of(&t.def.task_id, stream)).await?);
     }
+    let stages: std::collections::BTreeMap<&str, &str> =
+        tasks.iter().map(|t| (t.def.task_id.as_str(), t.def.stage.as_str())).collect();
     let mut output = futures_util::stream::select_all(subscriptions);
     let events = log::events(js, subjects::workflow_events(workflow_id), true).await?;
     futures_util::pin_mut!(events);
     let mut state = State::default();
+    let mut live = views::LiveOutput::default();
+    let print = |shown: Vec<(String, Vec<u8>)>| -> std::io::Result<()> {
+        let mut out = std::io::stdout();
+        for (task, chunk) in shown {
+            let stage = stages.get(task.as_str()).copied().unwrap_or(task.as_str());
+            for line in String::from_utf8_lossy(&chunk).lines() {
+                writeln!(out, "[{stage}] {line}")?;
+            }
+        }
+        out.flush()
+    };
     loop {
         tokio::select! {
-            Some((stage, chunk)) = output.next() => {
-                let mut out = std::io::stdout();
-                for line in String::from_utf8_lossy(&chunk).lines() {
-                    writeln!(out, "[{stage}] {line}")?;
-                }
-                out.flush()?;
-            }
+            Some(message) = output.next() => print(live.take(&message.subject, &message.payload, &state))?,
             event = events.next() => {
                 let Some(event) = event else { return Ok(ExitCode::SUCCESS) };
                 let event = event?;
                 state.apply(&event);
+                print(live.release(&state))?;
                 if event.body.ended_workflow() == Some(workflow_id)
                     && let Some(wf) = state.workflows.get(workflow_id)
                     && wf.status != WorkflowStatus::Running
