@@ -222,8 +222,11 @@ fn corpus() -> Vec<(String, Value)> {
         ),
         (
             "wf-3.wf-3-main.task.merged".into(),
-            task("task.merged", json!({"into": "wf-1-main", "message": "shares wf-1-main's run"}))
-                .pipe(|mut e| retarget(&mut e, "wf-3", "wf-3-main")),
+            json!({
+                "id": "wf-3-main.1.merged", "time": TIME, "type": "task.merged", "workflow_id": "wf-3",
+                "task_id": "wf-3-main", "stage": "main", "attempt": 1, "into": "wf-1-main",
+                "message": "shares wf-1-main's run",
+            }),
         ),
         ("wf-1.wf-1-main.task.started.w1".into(), task("task.started", json!({"worker_id": "w1"}))),
         (
@@ -305,19 +308,6 @@ fn corpus() -> Vec<(String, Value)> {
             json!({"id": "purged.2", "time": TIME, "type": "workflows.purged", "workflows": ["wf-1", "wf-2"]}),
         ),
     ]
-}
-
-trait Pipe: Sized {
-    fn pipe(self, f: impl FnOnce(Self) -> Self) -> Self {
-        f(self)
-    }
-}
-impl Pipe for Value {}
-
-fn retarget(event: &mut Value, workflow: &str, task: &str) -> Value {
-    event["workflow_id"] = json!(workflow);
-    event["task_id"] = json!(task);
-    event.take()
 }
 
 /// Values of every JSON type, and of the shapes that break the usual assumptions.
