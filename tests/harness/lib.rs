@@ -94,6 +94,9 @@ impl World {
     }
 
     async fn start_as(secured: Option<(String, &[(&str, &str)])>) -> anyhow::Result<World> {
+        // The workspace's binaries are built (or found fresh) before anything is timed: built
+        // on a test's first CLI call, stale binaries took that test's whole deadline.
+        tokio::task::spawn_blocking(flowmesh_bin).await?;
         let dir = tempfile::Builder::new().prefix("flowmesh-test-").tempdir()?;
         let server = match &secured {
             None => NatsServer::start(None, &dir.path().join("nats"), None).await?,
