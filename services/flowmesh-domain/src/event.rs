@@ -347,9 +347,9 @@ macro_rules! event_bodies {
             /// The body of a JSON event whose `type` is `kind`, read straight into its struct
             /// (the envelope's `id`, `time` and `type` are ignored there); `None` for a kind
             /// this version does not know.
-            fn from_json(kind: &str, payload: &[u8]) -> Option<serde_json::Result<EventBody>> {
+            fn from_json(kind: &str, payload: &str) -> Option<serde_json::Result<EventBody>> {
                 match kind {
-                    $($tag => Some(serde_json::from_slice::<$body>(payload).map(EventBody::$variant)),)*
+                    $($tag => Some(serde_json::from_str::<$body>(payload).map(EventBody::$variant)),)*
                     _ => None,
                 }
             }
@@ -686,14 +686,14 @@ impl Event {
             task_type: String,
             message: String,
         }
-        // JSON is UTF-8. The decoders below skip the fields they do not know without looking
-        // inside their strings, so they alone would take such bytes there.
-        if let Err(e) = std::str::from_utf8(payload) {
-            return Err(format!("not UTF-8 (first bad byte at offset {})", e.valid_up_to()));
-        }
-        let envelope: Envelope<'_> = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+        // JSON is UTF-8. The decoders skip the fields they do not know without looking inside
+        // their strings, so they alone would take such bytes there; checked once here, the
+        // passes below read it as text and check no string again.
+        let text = std::str::from_utf8(payload)
+            .map_err(|e| format!("not UTF-8 (first bad byte at offset {})", e.valid_up_to()))?;
+        let envelope: Envelope<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let body = if let (Orders::Skip, "task.dispatched") = (orders, envelope.kind.as_ref()) {
-            let d: Dispatch = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+            let d: Dispatch = serde_json::from_str(text).map_err(|e| e.to_string())?;
             EventBody::TaskDispatched(TaskDispatched {
                 task: TaskRef { workflow_id: d.workflow_id, task_id: d.task_id, stage: d.stage, attempt: d.attempt },
                 worker_id: d.worker_id,
@@ -702,7 +702,7 @@ impl Event {
                 order: None,
             })
         } else {
-            EventBody::from_json(&envelope.kind, payload)
+            EventBody::from_json(&envelope.kind, text)
                 .ok_or_else(|| format!("unknown event type {:?}", envelope.kind))?
                 .map_err(|e| e.to_string())?
         };

@@ -182,8 +182,11 @@ pub fn logs_of(task_id: &str, stream: &str) -> String {
 /// The task and the worker of a live-output subject ([`logs`]).
 pub fn logs_writer(subject: &str) -> Option<(&str, &str)> {
     let rest = subject.strip_prefix(LOGS_PREFIX)?.strip_prefix('.')?;
-    match rest.split('.').collect::<Vec<_>>()[..] {
-        [task, "stdout" | "stderr", worker] if !task.is_empty() && !worker.is_empty() => Some((task, worker)),
+    let mut tokens = rest.split('.');
+    match (tokens.next(), tokens.next(), tokens.next(), tokens.next()) {
+        (Some(task), Some("stdout" | "stderr"), Some(worker), None) if !task.is_empty() && !worker.is_empty() => {
+            Some((task, worker))
+        }
         _ => None,
     }
 }
