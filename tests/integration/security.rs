@@ -1,7 +1,6 @@
 //! `streams/nats-server.conf`: every role can do its work, and nothing outside it.
 
 use flowmesh_nats::connect::{NatsOptions, connect};
-use futures_util::StreamExt;
 use std::time::Duration;
 use tests::{World, role_password};
 
@@ -187,20 +186,6 @@ async fn a_worker_user_reaches_only_its_own_work() -> anyhow::Result<()> {
     let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
     let ids: Vec<&serde_json::Value> = listed.iter().map(|w| &w["snapshot"]["id"]).collect();
     assert!(ids.iter().all(|id| id.is_string() && *id != "other"), "{listed:?}");
-    // Live output only under its own name: a chunk it sends as the other worker is refused
-    // by the server; its own arrives (a connection's messages keep their order, so the
-    // refused one would have come first).
-    let mut heard = world.client.subscribe(flowmesh_nats::subjects::logs_of("wf-1-main", "stdout")).await?;
-    world.client.flush().await?;
-    let client = own.client();
-    client.publish(flowmesh_nats::subjects::logs("wf-1-main", "stdout", "other"), "forged".into()).await?;
-    client.publish(flowmesh_nats::subjects::logs("wf-1-main", "stdout", "own"), "own".into()).await?;
-    client.flush().await?;
-    let first = tokio::time::timeout(tests::DEADLINE, heard.next()).await?.expect("the subscription is open");
-    assert_eq!(
-        (first.subject.as_str(), first.payload.as_ref()),
-        ("flowmesh.logs.wf-1-main.stdout.own", b"own".as_slice())
-    );
     world.shutdown().await;
     Ok(())
 }

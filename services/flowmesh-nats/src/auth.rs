@@ -243,6 +243,7 @@ mod tests {
             "\"flowmesh.worker.gpu-1.status\"",
             "\"flowmesh.events.*.*.task.completed.gpu-1\"",
             "\"flowmesh.events.*.*.task.failed.gpu-1\"",
+            "\"flowmesh.logs.*.*.gpu-1\"",
             "\"_INBOX_worker-gpu-1.>\"",
             // What names no worker stays as in the role.
             "\"$JS.API.CONSUMER.MSG.NEXT.FLOWMESH_EVENTS.>\"",
@@ -251,6 +252,7 @@ mod tests {
         }
         for wide in [
             "\"$KV.flowmesh_workers.>\"",
+            "\"flowmesh.logs.*.*.*\"",
             "FLOWMESH_WORK.>",
             "DURABLE.CREATE",
             "MSG.GET.>",
