@@ -270,8 +270,9 @@ pub async fn stored_log(stores: &Stores, task: &TaskState, stream: &str) -> anyh
 /// Tasks' live output as a follower shows it: a chunk only from the worker its task was
 /// dispatched to (the last token of its subject, which NATS binds to a per-worker user), so
 /// another worker cannot put lines in it. A chunk from another worker is held (up to
-/// [`LiveOutput::HELD_BYTES`] in all), since it may be the next attempt's, come before the fold
-/// has its dispatch; it is shown, in the order it came, once the fold names its writer.
+/// [`LiveOutput::HELD_BYTES`] in all, each counted with its names and its place in the list:
+/// [`held_size`]), since it may be the next attempt's, come before the fold has its dispatch; it
+/// is shown, in the order it came, once the fold names its writer.
 #[derive(Debug, Default)]
 pub struct LiveOutput {
     /// (task, writer, chunk), in arrival order.
@@ -283,15 +284,16 @@ impl LiveOutput {
     /// The most a follower holds for writers the fold does not (yet) name.
     pub const HELD_BYTES: usize = 1 << 20;
 
-    /// Takes a chunk published on `subject`; returns what can be shown now, in order, as (task,
-    /// chunk): what was held and now may be, then this chunk if it may.
+    /// Takes a chunk published on `subject`; returns it as (task, chunk) if it can be shown now.
+    /// Held chunks become showable only when the fold changes: call [`LiveOutput::release`] after
+    /// each event applied (so this stays O(1) however much is held).
     pub fn take(&mut self, subject: &str, chunk: &[u8], state: &State) -> Vec<(String, Vec<u8>)> {
-        let mut shown = self.release(state);
+        let mut shown = Vec::new();
         let Some((task, writer)) = subjects::logs_writer(subject) else { return shown };
         if runs(state, task, writer) {
             shown.push((task.to_owned(), chunk.to_vec()));
-        } else if self.held_bytes + chunk.len() <= Self::HELD_BYTES {
-            self.held_bytes += chunk.len();
+        } else if self.held_bytes + held_size(task, writer, chunk) <= Self::HELD_BYTES {
+            self.held_bytes += held_size(task, writer, chunk);
             self.held.push((task.to_owned(), writer.to_owned(), chunk.to_vec()));
         }
         shown
@@ -305,9 +307,15 @@ impl LiveOutput {
         let (now, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.held).into_iter().partition(|(task, writer, _)| runs(state, task, writer));
         self.held = later;
-        self.held_bytes = self.held.iter().map(|(_, _, chunk)| chunk.len()).sum();
+        self.held_bytes = self.held.iter().map(|(task, writer, chunk)| held_size(task, writer, chunk)).sum();
         now.into_iter().map(|(task, _, chunk)| (task, chunk)).collect()
     }
+}
+
+/// What a held chunk counts against [`LiveOutput::HELD_BYTES`]: its bytes, its names and its
+/// place in the list, so that a stream of empty or tiny chunks is bounded as well as a large one.
+fn held_size(task: &str, writer: &str, chunk: &[u8]) -> usize {
+    std::mem::size_of::<(String, String, Vec<u8>)>() + task.len() + writer.len() + chunk.len()
 }
 
 /// Whether the fold has `task`'s current attempt on `writer`.
@@ -450,12 +458,17 @@ mod tests {
         assert_eq!(shown(live.release(&state)), ["four"]);
         assert!(live.take(&logs(&task, "stdout", "w1"), b"late", &state).is_empty());
         assert_eq!(shown(live.take(&logs(&task, "stdout", "w2"), b"five", &state)), ["five"]);
-        // What waits is bounded.
-        let big = vec![b'x'; LiveOutput::HELD_BYTES];
+        // What waits is bounded, by its bytes and by its count.
+        let big = vec![b'x'; LiveOutput::HELD_BYTES - super::held_size("wf-9-main", "w1", b"")];
         let mut fresh = LiveOutput::default();
         assert!(fresh.take(&logs("wf-9-main", "stdout", "w1"), &big, &State::default()).is_empty());
         assert!(fresh.take(&logs("wf-9-main", "stdout", "w1"), b"over", &State::default()).is_empty());
         assert_eq!(fresh.held.len(), 1);
+        let mut flooded = LiveOutput::default();
+        for _ in 0..100_000 {
+            assert!(flooded.take(&logs("wf-9-main", "stdout", "w1"), b"", &State::default()).is_empty());
+        }
+        assert!(flooded.held.len() < 100_000 && flooded.held_bytes <= LiveOutput::HELD_BYTES, "{}", flooded.held.len());
     }
     use super::gpu_summary;
     use flowmesh_domain::fleet::Gpu;
