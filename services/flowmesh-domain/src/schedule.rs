@@ -848,14 +848,18 @@ fn decide_waiting(
     let mut resolved = None;
     let known = requests.tasks.get(t.def.task_id.as_str()).is_some_and(|r| r.attempt == t.attempt);
     if !known {
-        let spec = match resolve_spec(wf, t) {
-            Ok(spec) => spec,
+        let Resolved { spec, rewritten } = match resolve(wf, t) {
+            Ok(resolved) => resolved,
             Err(message) => return fail(FailureReason::SpecResolutionFailed, message),
         };
-        let problems = validate_dispatchable(&spec, &t.def.spec_path);
-        if !problems.is_empty() {
-            let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            return fail(FailureReason::SpecValidationFailed, text.join("; "));
+        // The validator ran these same checks on this very spec when it accepted the workflow
+        // (`validate_submission`, every merged stage): only what resolution rewrote is new.
+        if rewritten {
+            let problems = validate_dispatchable(&spec, &t.def.spec_path);
+            if !problems.is_empty() {
+                let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                return fail(FailureReason::SpecValidationFailed, text.join("; "));
+            }
         }
         let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
             Ok(r) => r,
@@ -935,12 +939,27 @@ fn decide_waiting(
 
 /// The task's spec with its placeholders (and echo references) resolved from upstream results.
 pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Value, String> {
+    resolve(wf, t).map(|resolved| resolved.spec)
+}
+
+/// A spec as it will be dispatched, and whether resolution rewrote any of it.
+#[derive(Debug, PartialEq)]
+pub struct Resolved {
+    pub spec: serde_json::Value,
+    /// It held a placeholder or (echo) an item that reads an upstream result. When not, the spec
+    /// is the one the validator checked.
+    pub rewritten: bool,
+}
+
+/// `resolve_spec`, saying whether anything was rewritten.
+pub fn resolve(wf: &WorkflowState, t: &TaskState) -> Result<Resolved, String> {
     let upstream = WorkflowUpstream(wf);
-    let spec = template::resolve(&t.def.spec, &upstream)?;
-    match t.def.task_type.as_str() {
-        "echo" => echo::resolve_items(spec, &upstream),
-        _ => Ok(spec),
+    let placeholders = template::contains_placeholder(&t.def.spec);
+    let spec = if placeholders { template::resolve(&t.def.spec, &upstream)? } else { t.def.spec.clone() };
+    if t.def.task_type == "echo" && !echo::references(&spec).is_empty() {
+        return Ok(Resolved { spec: echo::resolve_items(spec, &upstream)?, rewritten: true });
     }
+    Ok(Resolved { spec, rewritten: placeholders })
 }
 
 /// The work order for the task's current attempt.

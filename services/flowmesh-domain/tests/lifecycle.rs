@@ -469,6 +469,41 @@ fn cancelling_a_workflow_cancels_queued_tasks_without_dispatch() {
     assert!(!s.kinds().contains(&"task.dispatched"));
 }
 
+/// The router checks a spec again at dispatch only where resolution rewrote it: the rest is the
+/// spec the validator checked on acceptance (`a_resolved_spec_that_breaks_a_rule_fails_at_dispatch`
+/// holds the check itself).
+#[test]
+fn only_a_spec_that_resolution_rewrote_counts_as_new_at_dispatch() {
+    let doc = r#"
+apiVersion: flowmesh/v1
+kind: Workflow
+metadata: {name: rewrites}
+spec:
+  stages:
+    - name: up
+      spec: {taskType: echo, data: {type: list, items: [3]}}
+    - name: plain
+      dependsOn: [up]
+      spec: {taskType: echo, data: {type: list, items: [a, 7]}}
+    - name: reads
+      dependsOn: [up]
+      spec: {taskType: echo, data: {type: list, items: [a, {node: up, path: "items[0].output"}]}}
+    - name: templated
+      dependsOn: [up]
+      spec: {taskType: echo, data: {type: list, items: ["${up.count}"]}}
+"#;
+    let mut s = Scenario::new(doc, vec![worker("w1", &["echo"])]);
+    s.route();
+    s.complete("w1", "up", 1, json!({"ok": true, "count": 1, "items": [{"output": 3}]}));
+    let wf = s.state.workflow("wf-1").unwrap();
+    for (stage, rewritten, items) in
+        [("plain", false, json!(["a", 7])), ("reads", true, json!(["a", 3])), ("templated", true, json!([1]))]
+    {
+        let resolved = flowmesh_domain::schedule::resolve(wf, wf.task(stage).unwrap()).unwrap();
+        assert_eq!((resolved.rewritten, &resolved.spec["data"]["items"]), (rewritten, &items), "{stage}");
+    }
+}
+
 #[test]
 fn a_resolved_spec_that_breaks_a_rule_fails_at_dispatch() {
     let doc = r#"
