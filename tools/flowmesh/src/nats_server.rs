@@ -253,6 +253,29 @@ mod tests {
         }
     }
 
+    /// The other servers we start or tell people to start (the compose cluster, the script that
+    /// runs the services as separate processes, the README's production command) set the same
+    /// value by hand: each names it at least once, and never another.
+    #[test]
+    fn every_server_we_script_or_document_collects_at_the_same_pace() {
+        for (file, text) in [
+            ("compose.yaml", include_str!("../../../compose.yaml")),
+            ("tools/bench-processes.sh", include_str!("../../../tools/bench-processes.sh")),
+            ("README.md", include_str!("../../../README.md")),
+        ] {
+            let values: Vec<&str> = text
+                .match_indices("GOGC")
+                .map(|(at, name)| text[at + name.len()..].trim_start_matches(['=', ':', ' ', '"', '$', '{', '-']))
+                .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next().filter(|v| !v.is_empty()))
+                .collect();
+            assert!(!values.is_empty(), "{file} sets no GOGC");
+            assert!(
+                values.iter().all(|v| *v == GOGC),
+                "{file} sets GOGC to {values:?}, where the dev stack uses {GOGC}"
+            );
+        }
+    }
+
     /// The running server's own environment holds the setting (read from /proc, as the Go
     /// runtime reads it at start).
     #[tokio::test]
