@@ -283,3 +283,30 @@ async fn malformed_events_are_skipped_counted_and_shown_never_a_stop() -> anyhow
     world.shutdown().await;
     Ok(())
 }
+
+/// A writer whose id somebody claimed first stores its event again under a fresh id. When it
+/// publishes the same event again (its ack was lost, or it stopped before acking what caused the
+/// event), it finds that copy, the latest on its own subject, and stores nothing more. Before,
+/// each retry stored another copy: in the chaos run a redelivered submission whose verdict id was
+/// claimed got two verdicts.
+#[tokio::test]
+async fn a_retried_publish_of_a_claimed_id_finds_its_copy_and_stores_no_other() -> anyhow::Result<()> {
+    use flowmesh_domain::event::TaskCancelRequested;
+    let world = World::start().await?;
+    let js = &world.handles.js;
+    let body = TaskCancelRequested { workflow_id: "wf-7".into(), task_id: None, reason: "operator".into() };
+    let event = Event::new(EventBody::TaskCancelRequested(body), "2026-11-27T00:00:00Z".into(), 0);
+    store(js, subjects::event("wf-7.wf-7-main.task.updated.evil"), Some(&event.id), b"{}".to_vec()).await?;
+
+    let first = flowmesh_nats::publish::publish_event(js, &event, Author::Service).await?;
+    let again = flowmesh_nats::publish::publish_event(js, &event, Author::Service).await?;
+    assert_eq!(again, first, "the retry stored a second copy");
+    let subject = subjects::event(&event.subject_suffix(Author::Service));
+    let events = js.get_stream_no_info(subjects::EVENTS_STREAM).await?;
+    let latest = events.get_last_raw_message_by_subject(&subject).await?;
+    assert_eq!(latest.sequence, first);
+    let id = latest.headers.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str().to_owned());
+    assert!(id.as_deref().is_some_and(|id| id.starts_with(&format!("{}~", event.id))), "stored as {id:?}");
+    world.shutdown().await;
+    Ok(())
+}

@@ -6,7 +6,8 @@
 //! once; but anyone who may write *some* subject of the stream can predict them. Only one author
 //! may write a given subject (NATS permissions), so a duplicate whose stored copy is on our own
 //! subject is our own earlier publish, and one on another subject is a pre-claimed id: the event
-//! is stored again under an id nobody can predict, and the claim is counted.
+//! is stored again under an id nobody can predict, and the claim is counted. A retry of such an
+//! event finds that copy as the latest on its own subject and stores nothing more.
 
 use crate::error::EdgeError;
 use crate::subjects;
@@ -70,6 +71,11 @@ async fn settle(
     if !ack.duplicate || stored_on(js, &ack, &subject).await? {
         return Ok(ack.sequence);
     }
+    // A retry of an event this author already stored again (its ack was lost, or it stopped
+    // before acking its input): that copy is the latest on its own subject.
+    if let Some(sequence) = stored_again_on(js, &ack.stream, &subject, msg_id).await? {
+        return Ok(sequence);
+    }
     metrics::counter!("flowmesh_preclaimed_ids_total").increment(1);
     let fresh = format!("{msg_id}~{}", unpredictable());
     warn!(%msg_id, %subject, claimed_at = ack.sequence, %fresh, "message id was claimed on another subject; storing under a fresh id");
@@ -84,6 +90,27 @@ async fn stored_on(js: &jetstream::Context, ack: &PublishAck, subject: &str) -> 
     let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
     let stored = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
     Ok(stored.subject.as_str() == subject)
+}
+
+/// The sequence of the latest message on `subject` when it is `msg_id` stored again under a fresh
+/// id (`<msg_id>~…`): only this author writes the subject, so the copy is its own.
+async fn stored_again_on(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+    msg_id: &str,
+) -> Result<Option<u64>, EdgeError> {
+    use async_nats::jetstream::stream::LastRawMessageErrorKind;
+    let what = || format!("the latest message on {subject}");
+    let stream = js.get_stream_no_info(stream).await.map_err(|e| EdgeError::transient(what(), e))?;
+    let latest = match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(latest) => latest,
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
+        Err(e) => return Err(EdgeError::transient(what(), e)),
+    };
+    let id = latest.headers.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str());
+    let again = id.and_then(|id| id.strip_prefix(msg_id)).is_some_and(|rest| rest.starts_with('~'));
+    Ok(again.then_some(latest.sequence))
 }
 
 /// 128 bits from the kernel's random source, in hex: an id suffix nobody can guess.
