@@ -943,7 +943,7 @@ pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Val
 }
 
 /// A spec as it will be dispatched, and whether resolution rewrote any of it.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct Resolved {
     pub spec: serde_json::Value,
     /// It held a placeholder or (echo) an item that reads an upstream result. When not, the spec

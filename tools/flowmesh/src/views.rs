@@ -292,9 +292,12 @@ impl LiveOutput {
         let Some((task, writer)) = subjects::logs_writer(subject) else { return shown };
         if runs(state, task, writer) {
             shown.push((task.to_owned(), chunk.to_vec()));
-        } else if self.held_bytes + held_size(task, writer, chunk) <= Self::HELD_BYTES {
-            self.held_bytes += held_size(task, writer, chunk);
-            self.held.push((task.to_owned(), writer.to_owned(), chunk.to_vec()));
+        } else {
+            let size = held_size(task, writer, chunk);
+            if self.held_bytes + size <= Self::HELD_BYTES {
+                self.held_bytes += size;
+                self.held.push((task.to_owned(), writer.to_owned(), chunk.to_vec()));
+            }
         }
         shown
     }
