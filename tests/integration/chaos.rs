@@ -1,8 +1,8 @@
 //! Everything at once: workflows keep arriving while the router, a worker and the validator are
 //! each killed with SIGKILL mid-run and started again. Nothing may be lost or counted twice.
 
-use flowmesh_domain::EventBody;
 use flowmesh_domain::state::{State, TaskStatus, WorkflowStatus};
+use flowmesh_domain::{Event, EventBody};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tests::{World, kinds};
@@ -10,7 +10,21 @@ use tests::{World, kinds};
 /// Two python stages that take a moment, so every kill lands on work in flight.
 const DOC: &str = "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata: {name: chaos}\nspec:\n  taskType: python\n  command: 'sleep 0.3; echo ok'\n  stages:\n    - {name: first}\n    - {name: second}\n";
 
-fn ended(events: &[flowmesh_domain::Event]) -> usize {
+/// The events `key` names, by key; fails naming every event of a key met more than once, so a
+/// failure shows who wrote each copy.
+fn counted_once(events: &[Event], key: impl Fn(&Event) -> Option<String>) -> BTreeMap<String, Vec<&Event>> {
+    let mut count: BTreeMap<String, Vec<&Event>> = BTreeMap::new();
+    for e in events {
+        if let Some(key) = key(e) {
+            count.entry(key).or_default().push(e);
+        }
+    }
+    let repeated: Vec<_> = count.iter().filter(|(_, seen)| seen.len() > 1).collect();
+    assert!(repeated.is_empty(), "counted twice: {repeated:#?}");
+    count
+}
+
+fn ended(events: &[Event]) -> usize {
     events.iter().filter(|e| matches!(e.body.kind(), "workflow.completed" | "workflow.failed")).count()
 }
 
@@ -60,18 +74,12 @@ async fn kill_9_of_each_service_mid_run_loses_nothing_and_ends_each_task_once() 
     }
     // One verdict per submission, one workflow end per workflow, and at most one terminal event
     // per task attempt in the log (a killed worker's task is re-run under the same attempt).
-    let mut count: BTreeMap<String, usize> = BTreeMap::new();
-    for e in &events {
-        let key = match e.body.kind() {
-            "submission.accepted" | "submission.rejected" => format!("verdict {}", e.body.scope().0),
-            "workflow.completed" | "workflow.failed" | "workflow.cancelled" => format!("end {}", e.body.scope().0),
-            _ if e.body.is_task_terminal() => format!("terminal {}", e.id),
-            _ => continue,
-        };
-        *count.entry(key).or_default() += 1;
-    }
-    let repeated: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(repeated.is_empty(), "counted twice: {repeated:?}");
+    let count = counted_once(&events, |e| match e.body.kind() {
+        "submission.accepted" | "submission.rejected" => Some(format!("verdict {}", e.body.scope().0)),
+        "workflow.completed" | "workflow.failed" | "workflow.cancelled" => Some(format!("end {}", e.body.scope().0)),
+        _ if e.body.is_task_terminal() => Some(format!("terminal {}", e.id)),
+        _ => None,
+    });
     assert_eq!(count.keys().filter(|k| k.starts_with("verdict ")).count(), total);
     assert_eq!(count.keys().filter(|k| k.starts_with("end ")).count(), total);
     assert_eq!(count.keys().filter(|k| k.starts_with("terminal ")).count(), 2 * total);
@@ -266,20 +274,14 @@ async fn every_failure_at_once_loses_no_acknowledged_submission_and_folds_no_for
         assert!(matches!(t.worker_id.as_deref(), Some("w1" | "w2")), "{victim}-{stage} ran on {:?}", t.worker_id);
     }
     // One verdict per acknowledged submission, one end per workflow, one terminal event per attempt.
-    let mut count: BTreeMap<String, usize> = BTreeMap::new();
-    for e in &events {
-        let key = match e.body.kind() {
-            "submission.accepted" | "submission.rejected" => format!("verdict {}", e.body.scope().0),
-            "workflow.completed" | "workflow.failed" | "workflow.cancelled" => format!("end {}", e.body.scope().0),
-            _ if e.body.is_task_terminal() && e.body.reporter() != Some("evil") => {
-                format!("terminal {}", e.id.split('~').next().unwrap_or(&e.id))
-            }
-            _ => continue,
-        };
-        *count.entry(key).or_default() += 1;
-    }
-    let repeated: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(repeated.is_empty(), "counted twice: {repeated:?}");
+    let count = counted_once(&events, |e| match e.body.kind() {
+        "submission.accepted" | "submission.rejected" => Some(format!("verdict {}", e.body.scope().0)),
+        "workflow.completed" | "workflow.failed" | "workflow.cancelled" => Some(format!("end {}", e.body.scope().0)),
+        _ if e.body.is_task_terminal() && e.body.reporter() != Some("evil") => {
+            Some(format!("terminal {}", e.id.split('~').next().unwrap_or(&e.id)))
+        }
+        _ => None,
+    });
     assert_eq!(count.keys().filter(|k| k.starts_with("verdict ")).count(), total);
     assert_eq!(count.keys().filter(|k| k.starts_with("end ")).count(), total);
     let requeues = events.iter().filter(|e| e.body.kind() == "task.requeued").count();

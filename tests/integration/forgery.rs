@@ -310,3 +310,61 @@ async fn a_retried_publish_of_a_claimed_id_finds_its_copy_and_stores_no_other() 
     world.shutdown().await;
     Ok(())
 }
+
+/// Two writers that may each dispatch or end one attempt store it once: a second router's
+/// dispatch of an attempt to another worker (a lease changing hands mid-round), a worker's end
+/// after the router's end of its attempt and the router's end after that worker's. Another
+/// worker's end in the same id is a claim, and is stored again.
+#[tokio::test]
+async fn one_attempt_dispatched_or_ended_by_two_writers_is_stored_once() -> anyhow::Result<()> {
+    use flowmesh_domain::event::{FailureReason, TaskDispatched, TaskFailed};
+    let world = World::start().await?;
+    let js = &world.handles.js;
+    let task = |attempt| TaskRef { workflow_id: "wf-3".into(), task_id: "wf-3-s1".into(), stage: "s1".into(), attempt };
+    let event = |body| Event::new(body, "2026-11-27T00:00:00Z".into(), 0);
+    let dispatch = |worker: &str| {
+        event(EventBody::TaskDispatched(TaskDispatched {
+            task: task(1),
+            worker_id: worker.into(),
+            task_type: "echo".into(),
+            message: String::new(),
+            order: None,
+        }))
+    };
+    let completed = |attempt, worker: &str| {
+        event(EventBody::TaskCompleted(TaskCompleted {
+            task: task(attempt),
+            worker_id: worker.into(),
+            result: Some(serde_json::json!({"by": worker})),
+            result_object: None,
+            artifacts: Vec::new(),
+            upload_ms: None,
+            started_at: None,
+        }))
+    };
+    let lost = |attempt| {
+        event(EventBody::TaskFailed(TaskFailed {
+            task: task(attempt),
+            worker_id: Some("w1".into()),
+            reason: FailureReason::WorkerLost,
+            message: "worker w1 was lost".into(),
+            retryable: false,
+        }))
+    };
+    let publish = |event: Event, author| async move { flowmesh_nats::publish::publish_event(js, &event, author).await };
+
+    let first = publish(dispatch("w1"), Author::Service).await?;
+    assert_eq!(publish(dispatch("w2"), Author::Service).await?, first, "the second dispatch of attempt 1");
+    let ended = publish(completed(1, "w1"), Author::Worker("w1")).await?;
+    assert_eq!(publish(lost(1), Author::Service).await?, ended, "the router's end after the worker's");
+    let ended = publish(lost(2), Author::Service).await?;
+    assert_eq!(publish(completed(2, "w1"), Author::Worker("w1")).await?, ended, "the worker's end after the router's");
+    let claimed = publish(completed(1, "w2"), Author::Worker("w2")).await?;
+
+    let ids = message_ids(js).await?;
+    assert_eq!(ids[..3], ["wf-3-s1.1.dispatched", "wf-3-s1.1.end", "wf-3-s1.2.end"], "{ids:?}");
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert!(ids[3].starts_with("wf-3-s1.1.end~") && claimed > ended, "{ids:?}");
+    world.shutdown().await;
+    Ok(())
+}

@@ -3,11 +3,14 @@
 //!
 //! JetStream drops a message whose `Nats-Msg-Id` it has already stored, on any subject of the
 //! stream. Our ids derive from their cause, so a writer that retries after a crash is stored
-//! once; but anyone who may write *some* subject of the stream can predict them. Only one author
-//! may write a given subject (NATS permissions), so a duplicate whose stored copy is on our own
-//! subject is our own earlier publish, and one on another subject is a pre-claimed id: the event
-//! is stored again under an id nobody can predict, and the claim is counted. A retry of such an
-//! event finds that copy as the latest on its own subject and stores nothing more.
+//! once; but anyone who may write *some* subject of the stream can predict them. NATS
+//! permissions say who may write which subject, so the stored copy a duplicate points at stands
+//! for our message when its subject says the same writer wrote it (a retry, or another instance
+//! of the same service: two routers dispatching one attempt), or when it ends the same task
+//! attempt and was written by someone who may end it (see [`stands_for`]). Any other copy is a
+//! pre-claimed id: the message is stored again under an id nobody can predict, and the claim is
+//! counted. A retry of such a message finds that copy as the latest on its own subject and
+//! stores nothing more.
 
 use crate::error::EdgeError;
 use crate::subjects;
@@ -68,7 +71,7 @@ async fn settle(
     msg_id: &str,
     payload: Vec<u8>,
 ) -> Result<u64, EdgeError> {
-    if !ack.duplicate || stored_on(js, &ack, &subject).await? {
+    if !ack.duplicate || copy_stands_for(js, &ack, &subject, &payload).await? {
         return Ok(ack.sequence);
     }
     // A retry of an event this author already stored again (its ack was lost, or it stopped
@@ -84,12 +87,57 @@ async fn settle(
     Ok(ack.sequence)
 }
 
-/// Whether the message a duplicate ack points at is on `subject`.
-async fn stored_on(js: &jetstream::Context, ack: &PublishAck, subject: &str) -> Result<bool, EdgeError> {
+/// Whether the message a duplicate ack points at stands for ours (see [`stands_for`]).
+async fn copy_stands_for(
+    js: &jetstream::Context,
+    ack: &PublishAck,
+    subject: &str,
+    payload: &[u8],
+) -> Result<bool, EdgeError> {
     let what = || format!("the message behind duplicate {} of {}", ack.sequence, ack.stream);
     let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
     let stored = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
-    Ok(stored.subject.as_str() == subject)
+    Ok(stands_for((subject, payload), (stored.subject.as_str(), &stored.payload)))
+}
+
+/// Whether a message stored first under our message's id, `copy` (subject, payload), stands for
+/// `ours`, so that storing ours as well would only repeat it:
+/// - its subject says the same writer wrote it: the same worker's reports, any service's events
+///   (validators, routers and operators, whom the log trusts alike: two routers that both
+///   dispatched one attempt for a moment, around a lease changing hands, or two validators'
+///   verdicts), or an order on the work stream, which only routers write;
+/// - or both end the same task attempt, and the copy's writer may end it: a service, or the
+///   worker that `ours` (a service's end, a lost worker's) names. One end per attempt is what
+///   the log keeps; the other end comes second and changes nothing.
+///
+/// A report in another worker's name, or an unreadable body, stands for nothing: that is a
+/// pre-claimed id.
+pub fn stands_for(ours: (&str, &[u8]), copy: (&str, &[u8])) -> bool {
+    use crate::subjects::{WORK_PREFIX, event_suffix};
+    let ((subject, payload), (copy_subject, copy_payload)) = (ours, copy);
+    let (suffix, copy_suffix) = match (event_suffix(subject), event_suffix(copy_subject)) {
+        (Some(suffix), Some(copy_suffix)) => (suffix, copy_suffix),
+        (None, None) => {
+            let work = |s: &str| s.strip_prefix(WORK_PREFIX).is_some_and(|rest| rest.starts_with('.'));
+            return subject == copy_subject || (work(subject) && work(copy_subject));
+        }
+        _ => return false,
+    };
+    let copy_author = Author::of(copy_suffix);
+    if Author::of(suffix) == copy_author {
+        return true;
+    }
+    let (Ok(ours), Ok(copy)) =
+        (Event::read_skipping_orders(suffix, payload), Event::read_skipping_orders(copy_suffix, copy_payload))
+    else {
+        return false;
+    };
+    let same_end = ours.body.is_task_terminal() && copy.body.is_task_terminal() && ours.body.task() == copy.body.task();
+    same_end
+        && match copy_author {
+            Author::Service => true,
+            Author::Worker(worker) => ours.body.reporter() == Some(worker),
+        }
 }
 
 /// The sequence of the latest message on `subject` when it is `msg_id` stored again under a fresh
@@ -132,4 +180,85 @@ async fn publish_json(
     js.send_publish(subject.clone(), PublishMessage::build().payload(payload.into()).message_id(msg_id))
         .await
         .map_err(|e| EdgeError::transient(format!("publish to {subject}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowmesh_domain::event::{FailureReason, TaskCompleted, TaskDispatched, TaskFailed, TaskRef};
+    use flowmesh_domain::{Event, EventBody};
+
+    /// A stored message: (subject, payload).
+    type Message = (String, Vec<u8>);
+
+    fn attempt(n: u32) -> TaskRef {
+        TaskRef { workflow_id: "wf-3".into(), task_id: "wf-3-s1".into(), stage: "s1".into(), attempt: n }
+    }
+
+    /// `body` as `author` writes it: (subject, payload).
+    fn written(body: EventBody, author: Author<'_>) -> Message {
+        let event = Event::new(body, "2026-11-27T00:00:00Z".into(), 0);
+        (subjects::event(&event.subject_suffix(author)), serde_json::to_vec(&event).unwrap())
+    }
+
+    fn completed(n: u32, worker: &str) -> Message {
+        let body = TaskCompleted {
+            task: attempt(n),
+            worker_id: worker.into(),
+            result: None,
+            result_object: None,
+            artifacts: Vec::new(),
+            upload_ms: None,
+            started_at: None,
+        };
+        written(EventBody::TaskCompleted(body), Author::Worker(worker))
+    }
+
+    /// The router's end of an attempt whose worker was lost (`worker`), or that none held.
+    fn lost(n: u32, worker: Option<&str>) -> Message {
+        let body = TaskFailed {
+            task: attempt(n),
+            worker_id: worker.map(str::to_owned),
+            reason: FailureReason::WorkerLost,
+            message: "lost".into(),
+            retryable: false,
+        };
+        written(EventBody::TaskFailed(body), Author::Service)
+    }
+
+    fn dispatched(worker: &str) -> Message {
+        let body = TaskDispatched {
+            task: attempt(1),
+            worker_id: worker.into(),
+            task_type: "echo".into(),
+            message: String::new(),
+            order: None,
+        };
+        written(EventBody::TaskDispatched(body), Author::Service)
+    }
+
+    #[test]
+    fn a_copy_stands_for_ours_when_its_writer_may_have_written_ours_or_ended_the_same_attempt() {
+        let claim = (subjects::event("wf-3.wf-3-s1.task.updated.evil"), b"{}".to_vec());
+        let work = |w: &str| (subjects::work(w), b"order".to_vec());
+        #[rustfmt::skip]
+        let table: Vec<(&str, Message, Message, bool)> = vec![
+            ("the same report again", completed(1, "w1"), completed(1, "w1"), true),
+            ("two routers dispatching one attempt", dispatched("w2"), dispatched("w1"), true),
+            ("two routers' orders for one attempt", work("w2"), work("w1"), true),
+            ("the worker's end after the router's", completed(1, "w1"), lost(1, Some("w1")), true),
+            ("the router's end after that worker's", lost(1, Some("w1")), completed(1, "w1"), true),
+            ("the router's end after another worker's", lost(1, Some("w1")), completed(1, "w2"), false),
+            ("the router's end of an unheld attempt after a worker's", lost(1, None), completed(1, "w2"), false),
+            ("a worker's end after another worker's", completed(1, "w1"), completed(1, "w2"), false),
+            ("a worker's end after a claim in its id", completed(1, "w1"), claim.clone(), false),
+            ("a service's event after a claim in its id", dispatched("w1"), claim, false),
+            ("the router's end of another attempt", completed(1, "w1"), lost(2, Some("w1")), false),
+            ("an order after an event", work("w1"), dispatched("w1"), false),
+        ];
+        for (case, ours, copy, expected) in table {
+            let found = stands_for((&ours.0, &ours.1), (&copy.0, &copy.1));
+            assert_eq!(found, expected, "{case}: {} after {}", ours.0, copy.0);
+        }
+    }
 }
