@@ -353,8 +353,12 @@ async fn one_attempt_dispatched_or_ended_by_two_writers_is_stored_once() -> anyh
     };
     let publish = |event: Event, author| async move { flowmesh_nats::publish::publish_event(js, &event, author).await };
 
+    use flowmesh_nats::publish::{Settled, send_event};
     let first = publish(dispatch("w1"), Author::Service).await?;
-    assert_eq!(publish(dispatch("w2"), Author::Service).await?, first, "the second dispatch of attempt 1");
+    let second = send_event(js, &dispatch("w2"), Author::Service).await?.settled(js).await?;
+    assert_eq!(second, Settled::StoodFor(first), "the second dispatch of attempt 1");
+    let retried = send_event(js, &dispatch("w1"), Author::Service).await?.settled(js).await?;
+    assert_eq!(retried, Settled::Written(first), "a retry of the first");
     let ended = publish(completed(1, "w1"), Author::Worker("w1")).await?;
     assert_eq!(publish(lost(1), Author::Service).await?, ended, "the router's end after the worker's");
     let ended = publish(lost(2), Author::Service).await?;

@@ -28,10 +28,34 @@ pub struct InFlight {
     payload: Vec<u8>,
 }
 
+/// What became of a message: stored as sent (a retry finding its own earlier copy included), or
+/// not stored because a copy another writer stored first stands for it ([`stands_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    Written(u64),
+    StoodFor(u64),
+}
+
+impl Settled {
+    /// The stream sequence of the message, or of the copy that stands for it.
+    pub fn sequence(self) -> u64 {
+        match self {
+            Settled::Written(sequence) | Settled::StoodFor(sequence) => sequence,
+        }
+    }
+}
+
 impl InFlight {
     /// Waits for the stream's ack; returns the stream sequence (for a pre-claimed id, that of
-    /// the copy stored again under a fresh id).
+    /// the copy stored again under a fresh id; where another writer's copy stands for it, that
+    /// copy's).
     pub async fn stored(self, js: &jetstream::Context) -> Result<u64, EdgeError> {
+        self.settled(js).await.map(Settled::sequence)
+    }
+
+    /// [`InFlight::stored`], saying whether the message was stored or another writer's copy
+    /// stood for it: a router sends a secret-holding order only for a dispatch of its own.
+    pub async fn settled(self, js: &jetstream::Context) -> Result<Settled, EdgeError> {
         let InFlight { ack, subject, msg_id, payload } = self;
         let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {msg_id} on {subject}"), e))?;
         settle(js, ack, subject, &msg_id, payload).await
@@ -62,42 +86,38 @@ pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Autho
     send_event(js, event, author).await?.stored(js).await
 }
 
-/// The sequence of a message whose ack came back: for an unexpected duplicate, stores it again
-/// under an unpredictable id.
+/// What became of a message whose ack came back: for a duplicate that no copy stands for,
+/// stores it again under an unpredictable id.
 async fn settle(
     js: &jetstream::Context,
     ack: PublishAck,
     subject: String,
     msg_id: &str,
     payload: Vec<u8>,
-) -> Result<u64, EdgeError> {
-    if !ack.duplicate || copy_stands_for(js, &ack, &subject, &payload).await? {
-        return Ok(ack.sequence);
+) -> Result<Settled, EdgeError> {
+    if !ack.duplicate {
+        return Ok(Settled::Written(ack.sequence));
+    }
+    let what = || format!("the message behind duplicate {} of {}", ack.sequence, ack.stream);
+    let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
+    let copy = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
+    if copy.subject.as_str() == subject {
+        return Ok(Settled::Written(ack.sequence));
+    }
+    if stands_for((&subject, &payload), (copy.subject.as_str(), &copy.payload)) {
+        return Ok(Settled::StoodFor(ack.sequence));
     }
     // A retry of an event this author already stored again (its ack was lost, or it stopped
     // before acking its input): that copy is the latest on its own subject.
     if let Some(sequence) = stored_again_on(js, &ack.stream, &subject, msg_id).await? {
-        return Ok(sequence);
+        return Ok(Settled::Written(sequence));
     }
     metrics::counter!("flowmesh_preclaimed_ids_total").increment(1);
     let fresh = format!("{msg_id}~{}", unpredictable());
     warn!(%msg_id, %subject, claimed_at = ack.sequence, %fresh, "message id was claimed on another subject; storing under a fresh id");
     let ack = publish_json(js, subject.clone(), &fresh, payload).await?;
     let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {fresh} on {subject}"), e))?;
-    Ok(ack.sequence)
-}
-
-/// Whether the message a duplicate ack points at stands for ours (see [`stands_for`]).
-async fn copy_stands_for(
-    js: &jetstream::Context,
-    ack: &PublishAck,
-    subject: &str,
-    payload: &[u8],
-) -> Result<bool, EdgeError> {
-    let what = || format!("the message behind duplicate {} of {}", ack.sequence, ack.stream);
-    let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
-    let stored = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
-    Ok(stands_for((subject, payload), (stored.subject.as_str(), &stored.payload)))
+    Ok(Settled::Written(ack.sequence))
 }
 
 /// Whether a message stored first under our message's id, `copy` (subject, payload), stands for

@@ -865,7 +865,11 @@ impl Router {
 
     /// Publishes events with every ack in flight at once (the client bounds the window), then
     /// waits for all of them, and moves the target so the router waits to see them folded.
-    async fn publish_all(&mut self, bodies: Vec<EventBody>) -> Result<(), EdgeError> {
+    /// Returns the ids of those not stored because another writer's copy stands for them
+    /// (`publish::stands_for`: another router's decision for the same attempt, around a lease
+    /// changing hands).
+    async fn publish_all(&mut self, bodies: Vec<EventBody>) -> Result<Vec<String>, EdgeError> {
+        let bodies_len = bodies.len();
         let events: Vec<Event> = bodies
             .into_iter()
             .map(|body| {
@@ -884,13 +888,17 @@ impl Router {
             };
             sent.push(publish::send_event(&self.handles.js, event, author).await?);
         }
-        for (in_flight, event) in sent.into_iter().zip(&events) {
-            let seq = in_flight.stored(&self.handles.js).await?;
-            self.target_seq = self.target_seq.max(seq);
-            debug!(event = %event.id, kind = event.body.kind(), "published");
+        let mut stood_for = Vec::new();
+        for (in_flight, event) in sent.into_iter().zip(events) {
+            let settled = in_flight.settled(&self.handles.js).await?;
+            self.target_seq = self.target_seq.max(settled.sequence());
+            debug!(event = %event.id, kind = event.body.kind(), ?settled, "published");
+            if let publish::Settled::StoodFor(_) = settled {
+                stood_for.push(event.id);
+            }
         }
-        metrics::counter!("flowmesh_router_events_published_total").increment(events.len() as u64);
-        Ok(())
+        metrics::counter!("flowmesh_router_events_published_total").increment(bodies_len as u64);
+        Ok(stood_for)
     }
 
     /// The counter in ids of events that may repeat for one cause (`pending.<n>`).
@@ -1012,13 +1020,18 @@ impl Router {
                         warn!(task_id = %order.task_id, error = %e, "secret not readable; dispatch deferred");
                         continue;
                     }
-                    orders.push((event.worker_id.clone(), order));
-                    bodies.push(EventBody::TaskDispatched(event));
+                    let worker = event.worker_id.clone();
+                    let body = EventBody::TaskDispatched(event);
+                    orders.push((body.derive_id(0), (worker, order)));
+                    bodies.push(body);
                 }
             }
         }
         let dispatches = bodies.iter().filter(|b| matches!(b, EventBody::TaskDispatched(_))).count();
-        self.publish_all(bodies).await?;
+        let stood_for = self.publish_all(bodies).await?;
+        // An order goes only with a dispatch of this router's: where another router's dispatch
+        // of the same attempt stood for it, the order is that router's to send.
+        let orders: Vec<_> = orders.into_iter().filter(|(id, _)| !stood_for.contains(id)).map(|(_, o)| o).collect();
         for (subject, model) in hints {
             let _ = self.client.publish(subject, model.into()).await;
         }
