@@ -8,6 +8,7 @@
 
 use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
 
 pub const KEY: &str = "router-leader";
 
@@ -69,6 +70,35 @@ pub async fn acquire(
     Ok(written)
 }
 
+/// How long a leader may go on acting on its lease. A standby takes the lease over once a
+/// revision has stood a whole TTL on its own clock since it first saw it, and it cannot see a
+/// revision before the leader's renewal wrote it, which is after the leader asked. So a leader
+/// that acts only until two thirds of a TTL after its last successful renewal asked stops before
+/// any standby may start: the last third is for clocks that run at different rates and for what
+/// it has in flight. One late renewal costs nothing; a router that stalled (a slow machine, a
+/// stopped process) and wakes to a backlog no longer decides on it before it has renewed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Held {
+    until: Option<Instant>,
+}
+
+impl Held {
+    /// A renewal asked at `asked_at` succeeded.
+    pub fn renewed(&mut self, asked_at: Instant, ttl: Duration) {
+        self.until = Some(asked_at + ttl * 2 / 3);
+    }
+
+    /// The lease is another router's, or could not be checked.
+    pub fn lost(&mut self) {
+        self.until = None;
+    }
+
+    /// Whether the leader may act at `now`.
+    pub fn at(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+}
+
 /// Gives the lease up so a standby can take over at once.
 pub async fn release(store: &kv::Store, me: &str) {
     if let Ok(Some(entry)) = store.entry(KEY).await
@@ -106,5 +136,24 @@ mod tests {
             assert!(!stale(3, &mut seen, start + ttl - 1, ttl));
             assert!(stale(3, &mut seen, start + ttl, ttl));
         }
+    }
+
+    #[test]
+    fn a_leader_acts_until_two_thirds_of_a_ttl_after_its_last_renewal_asked() {
+        let ttl = Duration::from_secs(3);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut held = Held::default();
+        assert!(!held.at(t0), "never renewed");
+        held.renewed(t0, ttl);
+        for (ms, want) in [(0, true), (1_999, true), (2_000, false), (60_000, false)] {
+            assert_eq!(held.at(at(ms)), want, "{ms} ms after the renewal asked");
+        }
+        // The next renewal, a third of a TTL later, moves the end on; one that fails ends it.
+        held.renewed(at(1_000), ttl);
+        assert!(held.at(at(2_999)));
+        assert!(!held.at(at(3_000)));
+        held.lost();
+        assert!(!held.at(at(1_500)));
     }
 }

@@ -197,6 +197,9 @@ struct Router {
     /// The stream sequence the fold must reach before the router may act.
     target_seq: u64,
     leader: bool,
+    /// Until when the lease lets this router act (`lease::Held`): `leader` alone says whether
+    /// the last renewal succeeded, not whether it was recent.
+    held: lease::Held,
     /// Work orders re-sent after taking the lease (a dispatch a crash may have cut short).
     resent_after_takeover: bool,
     /// Read since taking the lease: which workers holding dispatched tasks left cleanly while
@@ -279,6 +282,7 @@ pub async fn run(
         scan_all: true,
         target_seq: last,
         leader: false,
+        held: lease::Held::default(),
         resent_after_takeover: false,
         departures_read: false,
         requests: schedule::Requests::default(),
@@ -672,7 +676,7 @@ impl Router {
     /// that came after its record go too (`late`).
     async fn purge_ended(&mut self, log: &jetstream::stream::Stream, now_ms: u64) {
         let Some(keep) = self.config.keep_ended else { return };
-        if !self.leader || !self.caught_up() || self.purging.as_ref().is_some_and(|p| !p.is_finished()) {
+        if !self.acting() || !self.caught_up() || self.purging.as_ref().is_some_and(|p| !p.is_finished()) {
             return;
         }
         if let Some(round) = self.purging.take() {
@@ -820,6 +824,12 @@ impl Router {
         self.state.last_seq >= self.target_seq
     }
 
+    /// Whether this router may decide and publish now: it leads, and its last renewal is recent
+    /// enough that no standby can have taken the lease over (`lease::Held`).
+    fn acting(&self) -> bool {
+        self.leader && self.held.at(std::time::Instant::now())
+    }
+
     /// Notes whether the router can reach NATS now; regaining contact starts every worker's
     /// grace period (`Seen::is_live`).
     fn note_contact(&mut self, connected: bool) {
@@ -835,9 +845,14 @@ impl Router {
     async fn renew_lease(&mut self) {
         let ttl_ms = self.config.lease_ttl.as_millis() as u64;
         let (control, me) = (&self.handles.control, &self.config.instance);
+        let asked = std::time::Instant::now();
         let acquired = lease::acquire(control, me, ttl_ms, clock::now_ms(), &mut self.lease_seen).await;
         if acquired.is_ok() {
             self.note_contact(true);
+        }
+        match acquired {
+            Ok(true) => self.held.renewed(asked, self.config.lease_ttl),
+            _ => self.held.lost(),
         }
         match acquired {
             Ok(true) if !self.leader => {
@@ -910,7 +925,7 @@ impl Router {
     }
 
     async fn act(&mut self) -> Result<(), EdgeError> {
-        if !self.leader || !self.caught_up() {
+        if !self.acting() || !self.caught_up() {
             return Ok(());
         }
         if !self.departures_read {
