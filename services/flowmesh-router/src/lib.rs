@@ -850,9 +850,10 @@ impl Router {
         if acquired.is_ok() {
             self.note_contact(true);
         }
-        match acquired {
-            Ok(true) => self.held.renewed(asked, self.config.lease_ttl),
-            _ => self.held.lost(),
+        if matches!(acquired, Ok(true)) {
+            self.held.renewed(asked, self.config.lease_ttl);
+        } else {
+            self.held.lost();
         }
         match acquired {
             Ok(true) if !self.leader => {
