@@ -18,7 +18,7 @@ use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMes
 use flowmesh_domain::Event;
 use flowmesh_domain::event::Author;
 use std::io::Read;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// A message sent and not yet acknowledged: everything needed to check its ack.
 pub struct InFlight {
@@ -105,6 +105,9 @@ async fn settle(
         return Ok(Settled::Written(ack.sequence));
     }
     if stands_for((&subject, &payload), (copy.subject.as_str(), &copy.payload)) {
+        // Rare, and worth seeing: two routers deciding at once, or two ends of one attempt.
+        metrics::counter!("flowmesh_stood_for_total").increment(1);
+        info!(%msg_id, %subject, copy = %copy.subject, "another writer stored this first; its copy stands for ours");
         return Ok(Settled::StoodFor(ack.sequence));
     }
     // A retry of an event this author already stored again (its ack was lost, or it stopped
