@@ -603,7 +603,16 @@ mod tests {
             journal.finish(&id, 1, &end(&id)).unwrap();
             journal.reported(&id, 1).unwrap();
         }
-        assert_eq!(room(&journal), at_open, "the table or the order grew after {} reports", 64 * 40);
+        // `capacity` is the entries a table holds plus the room it has left, and forgetting's
+        // tombstones take room until the table is rehashed in place: it reads lower at times
+        // (181 of 224 in one run, by where the ids hashed), never higher without a larger table.
+        let (table, order) = room(&journal);
+        assert!(
+            table <= at_open.0 && order == at_open.1,
+            "the table or the order grew after {} reports: {:?}, {at_open:?} at open",
+            64 * 40,
+            (table, order)
+        );
         assert_eq!(journal.get("t2559", 1), Some(Entry::Reported));
         assert_eq!(journal.get("t2495", 1), None, "older than the 64 newest");
     }
