@@ -112,7 +112,7 @@ async fn settle(
     }
     // A retry of an event this author already stored again (its ack was lost, or it stopped
     // before acking its input): that copy is the latest on its own subject.
-    if let Some(sequence) = stored_again_on(js, &ack.stream, &subject, msg_id).await? {
+    if let Some(sequence) = stored_again_on(&stream, &subject, msg_id).await? {
         return Ok(Settled::Written(sequence));
     }
     metrics::counter!("flowmesh_preclaimed_ids_total").increment(1);
@@ -136,13 +136,13 @@ async fn settle(
 /// A report in another worker's name, or an unreadable body, stands for nothing: that is a
 /// pre-claimed id.
 pub fn stands_for(ours: (&str, &[u8]), copy: (&str, &[u8])) -> bool {
-    use crate::subjects::{WORK_PREFIX, event_suffix};
+    use crate::subjects::{event_suffix, work_worker};
     let ((subject, payload), (copy_subject, copy_payload)) = (ours, copy);
     let (suffix, copy_suffix) = match (event_suffix(subject), event_suffix(copy_subject)) {
         (Some(suffix), Some(copy_suffix)) => (suffix, copy_suffix),
         (None, None) => {
-            let work = |s: &str| s.strip_prefix(WORK_PREFIX).is_some_and(|rest| rest.starts_with('.'));
-            return subject == copy_subject || (work(subject) && work(copy_subject));
+            let both_work = work_worker(subject).is_some() && work_worker(copy_subject).is_some();
+            return subject == copy_subject || both_work;
         }
         _ => return false,
     };
@@ -166,18 +166,15 @@ pub fn stands_for(ours: (&str, &[u8]), copy: (&str, &[u8])) -> bool {
 /// The sequence of the latest message on `subject` when it is `msg_id` stored again under a fresh
 /// id (`<msg_id>~…`): only this author writes the subject, so the copy is its own.
 async fn stored_again_on(
-    js: &jetstream::Context,
-    stream: &str,
+    stream: &jetstream::stream::Stream<()>,
     subject: &str,
     msg_id: &str,
 ) -> Result<Option<u64>, EdgeError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
-    let what = || format!("the latest message on {subject}");
-    let stream = js.get_stream_no_info(stream).await.map_err(|e| EdgeError::transient(what(), e))?;
     let latest = match stream.get_last_raw_message_by_subject(subject).await {
         Ok(latest) => latest,
         Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-        Err(e) => return Err(EdgeError::transient(what(), e)),
+        Err(e) => return Err(EdgeError::transient(format!("the latest message on {subject}"), e)),
     };
     let id = latest.headers.get(async_nats::header::NATS_MESSAGE_ID).map(|v| v.as_str());
     let again = id.and_then(|id| id.strip_prefix(msg_id)).is_some_and(|rest| rest.starts_with('~'));

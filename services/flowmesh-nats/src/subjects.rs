@@ -150,6 +150,11 @@ pub fn work(worker_id: &str) -> String {
     format!("{WORK_PREFIX}.{worker_id}")
 }
 
+/// The worker a work subject (`flowmesh.work.<worker>`) is for, or `None` for another subject.
+pub fn work_worker(subject: &str) -> Option<&str> {
+    subject.strip_prefix(WORK_PREFIX)?.strip_prefix('.')
+}
+
 /// The durable consumer of one worker on its work subject, and (same name, other stream) on its
 /// dispatch subject.
 pub fn work_consumer(worker_id: &str) -> String {
