@@ -90,6 +90,7 @@ enum Action {
     CreateStream,
     DeleteStream,
     HearOtherWorkersCancels,
+    HearOtherWorkersReleases,
     ReadSharedInbox,
     ReadAlicesInbox,
     RollUpFleet,
@@ -149,6 +150,7 @@ const MATRIX: &[(Action, &[&str])] = &[
     (CreateStream, &["admin"]),
     (DeleteStream, &["admin"]),
     (HearOtherWorkersCancels, &["worker", "admin"]),
+    (HearOtherWorkersReleases, &["worker", "admin"]),
     (ReadSharedInbox, &["admin"]),
     (ReadAlicesInbox, &["alice", "admin"]),
     // Last: the admin's cells wipe a bucket. The fleet bucket refuses rollups to everyone
@@ -226,6 +228,7 @@ impl Action {
             CreateStream => "STREAM.CREATE",
             DeleteStream => "STREAM.DELETE",
             HearOtherWorkersCancels => "flowmesh.control.other.cancel",
+            HearOtherWorkersReleases => "flowmesh.control.other.release",
             ReadSharedInbox => "_INBOX.>",
             ReadAlicesInbox => "_INBOX_alice.>",
         }
@@ -309,6 +312,7 @@ impl Action {
                 .map_err(text),
             DeleteStream => me.js.delete_stream(SCRATCH).await.map(drop).map_err(text),
             HearOtherWorkersCancels => hear(me, world, &subjects::cancel("other"), &subjects::cancel("other")).await,
+            HearOtherWorkersReleases => hear(me, world, &subjects::release("other"), &subjects::release("other")).await,
             ReadSharedInbox => hear(me, world, "_INBOX.>", "_INBOX.matrix-probe").await,
             ReadAlicesInbox => {
                 hear(me, world, &subjects::inbox("alice"), &format!("{}.probe", subjects::inbox_prefix("alice"))).await

@@ -528,6 +528,58 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     Ok(())
 }
 
+/// An order waiting in a busy worker's queue does not wait for that worker when a slot that can
+/// run it is free elsewhere: the router asks for it back, the worker gives it back unrun (its
+/// only attempt not spent), and the other worker runs it while the first task still runs.
+#[tokio::test]
+async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let mut config = worker_config(&world, "w1", None);
+    (config.batch_slots, config.prefetch) = (1, 1);
+    world.worker(config).await?;
+    let release = world.dir.path().join("release");
+    let (long, quick) = held_and_quick(&release);
+    let running = world.submit(long.as_bytes(), None).await?;
+    world.wait_started(&running).await?;
+    let queued = world.submit(quick.as_bytes(), None).await?;
+    world
+        .wait_for("the second order to reach w1's queue", |events| {
+            events.iter().any(
+                |e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == queued && d.worker_id == "w1"),
+            )
+        })
+        .await?;
+
+    // A worker with a free slot joins while w1's task still runs.
+    world.worker(worker_config(&world, "w2", None)).await?;
+    let events = world.wait_workflow_end(&queued).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let ends: Vec<(u32, &str, String)> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TaskFailed(f) => Some((f.task.attempt, f.worker_id.as_deref()?, f.reason.to_string())),
+            EventBody::TaskCompleted(c) => Some((c.task.attempt, c.worker_id.as_str(), "completed".to_owned())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [(1, "w1", "released".to_owned()), (2, "w2", "completed".to_owned())],
+        "given back by w1 unrun, run by w2 on an attempt that counts as its first: {:?}",
+        kinds(&events)
+    );
+    let all = world.events();
+    let long_ended =
+        all.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.workflow_id == running));
+    assert!(!long_ended, "w1's task still runs");
+    std::fs::write(&release, b"")?;
+    let events = world.wait_workflow_end(&running).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    world.shutdown().await;
+    Ok(())
+}
+
 /// A stopping worker hands back the order waiting in its queue at once, unrun and unacked, while
 /// its running task finishes; leaving the fleet requeues the queued task without spending its
 /// only attempt, and another worker runs it.

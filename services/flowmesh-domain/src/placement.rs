@@ -785,6 +785,18 @@ impl FleetIndex {
         }
     }
 
+    /// Whether `worker_id` holds more batch tasks than it has batch slots: some wait in its queue.
+    pub fn queue_taken(&self, worker_id: &str) -> bool {
+        self.position(worker_id)
+            .is_ok_and(|i| self.workers[i].batch_in_use > self.workers[i].snapshot.slots.batch.total)
+    }
+
+    /// Whether some worker serving `task_type` has a batch slot of it free, queues aside.
+    pub fn slot_free_for(&self, task_type: &str) -> bool {
+        debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
+        self.free_by_type.get(task_type).is_some_and(|&(_, slots)| slots > 0)
+    }
+
     /// Whether every worker that serves `task_type` has all its slots of that kind taken (at
     /// least one serves it): no task of the type can be placed until one frees.
     pub fn full(&self, task_type: &str) -> bool {

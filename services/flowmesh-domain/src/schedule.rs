@@ -937,6 +937,79 @@ fn decide_waiting(
     }
 }
 
+/// An order the router asks its worker to give back from its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub worker_id: String,
+    pub task_id: String,
+}
+
+/// Queued orders that could run sooner elsewhere. A worker with a queue (`prefetch`) takes an
+/// order while its slots are busy, and the order waits for one of them even when a slot that
+/// could run it frees on another worker first. Looked at on the router's tick, after a round: a
+/// task dispatched to a worker that holds more than its slots, not reported started, and
+/// placeable now on a free slot elsewhere, found so at two looks in a row, is asked back
+/// (`Release`), again at each later look while it stays so (the request is a core-NATS message,
+/// and one for an order no longer waiting is ignored). Its worker gives it back only if it
+/// still waits for a slot (`task.failed`, reason `released`, no attempt spent), and the next
+/// round places it again. Two looks, so that an order about to start is left alone.
+#[derive(Debug, Default)]
+pub struct Releases {
+    /// Task attempts found releasable at the last look.
+    seen: HashSet<(String, u32)>,
+}
+
+impl Releases {
+    /// The orders to ask back now: a walk over the running workflows that places only tasks
+    /// queued on a worker while a slot of their type is free somewhere.
+    pub fn look(&mut self, state: &State, index: &FleetIndex, config: &Config, now_ms: u64) -> Vec<Release> {
+        let mut seen = HashSet::new();
+        let mut releases = Vec::new();
+        for wf in state.running_workflows_unordered() {
+            for t in &wf.tasks {
+                if t.status != TaskStatus::Dispatched || uses_service_slot(&t.def.task_type) {
+                    continue;
+                }
+                let Some(worker) = t.worker_id.as_deref() else { continue };
+                if !index.slot_free_for(&t.def.task_type)
+                    || !index.queue_taken(worker)
+                    || !runs_elsewhere_now(wf, t, worker, index, config, now_ms)
+                {
+                    continue;
+                }
+                let key = (t.def.task_id.clone(), t.attempt);
+                if self.seen.contains(&key) {
+                    releases.push(Release { worker_id: worker.to_owned(), task_id: key.0.clone() });
+                }
+                seen.insert(key);
+            }
+        }
+        self.seen = seen;
+        releases
+    }
+}
+
+/// Whether placement would put the task on a free slot of another worker than `holder` now.
+fn runs_elsewhere_now(
+    wf: &WorkflowState,
+    t: &TaskState,
+    holder: &str,
+    index: &FleetIndex,
+    config: &Config,
+    now_ms: u64,
+) -> bool {
+    let Ok(Resolved { spec, .. }) = resolve(wf, t) else { return false };
+    let Ok(request) = placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) else {
+        return false;
+    };
+    let mut avoid = t.failed_on.clone();
+    avoid.insert(holder.to_owned());
+    match index.place(&request, &t.def.stage, &t.def.task_id, config.strategy, &avoid, now_ms) {
+        Placement::Chosen { worker_id, queued, .. } => !queued && worker_id != holder,
+        Placement::Pending(_) => false,
+    }
+}
+
 /// The task's spec with its placeholders (and echo references) resolved from upstream results.
 pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Value, String> {
     resolve(wf, t).map(|resolved| resolved.spec)

@@ -8,7 +8,7 @@
 //! (it would cost a message per workflow and say nothing the log does not); readers show it as if
 //! stored ([`State::apply_deriving`]).
 
-use crate::event::{Event, EventBody, TaskRef};
+use crate::event::{Event, EventBody, FailureReason, TaskRef};
 use crate::problem::Problem;
 use crate::template::Upstream;
 use crate::workflow::{TaskDef, Workflow};
@@ -99,6 +99,11 @@ pub struct TaskState {
 /// The reason of a `task.requeued` for an attempt that never ran: a worker that stopped cleanly
 /// handed its order back from its queue. Such an attempt is not spent.
 pub const REQUEUED_UNRUN: &str = "handed_back_unrun";
+
+/// How many attempts of one task may go unrun and unspent. A worker's word that it gave an
+/// order back unrun (`released`) is believed up to here; past it the report counts as any
+/// retryable failure, so a worker that keeps giving a task back cannot keep it alive for ever.
+pub const UNRUN_AT_MOST: u32 = 16;
 
 impl TaskState {
     /// The attempts counted against `max_attempts` so far, the current one included: those
@@ -428,6 +433,19 @@ impl State {
                 Applied::Changed
             }),
             EventBody::TaskFailed(e) => self.update_report(&e.task, e.worker_id.as_deref(), |t| {
+                if e.reason == FailureReason::Released
+                    && t.status == TaskStatus::Dispatched
+                    && t.unrun_attempts < UNRUN_AT_MOST
+                {
+                    // Given back from the worker's queue before it ran: placed again, not an
+                    // attempt spent, not the worker's failure (a cancel asked meanwhile is
+                    // decided on the new attempt, before any dispatch).
+                    t.unrun_attempts += 1;
+                    t.status = TaskStatus::Retrying;
+                    t.reason = Some(e.reason.to_string());
+                    t.message = Some(e.message.clone());
+                    return Applied::Changed;
+                }
                 let retry = e.retryable && t.counted_attempts() < t.def.max_attempts && !t.cancel_requested;
                 t.status = if retry { TaskStatus::Retrying } else { TaskStatus::Failed };
                 if let Some(worker) = &e.worker_id {

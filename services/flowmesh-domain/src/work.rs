@@ -71,6 +71,8 @@ pub enum Outcome {
     Cancelled { handed_back: bool },
     /// Cancelled by a person while its order waited in the worker's queue for a slot: never run.
     CancelledWaiting,
+    /// Given back from the worker's queue, unrun, when the router asked (a slot elsewhere was free).
+    Released,
     /// Killed at its maximum runtime.
     TimedOut { limit_secs: u64 },
     /// The executor failed; `retryable` when it asked for another attempt.
@@ -128,6 +130,12 @@ pub fn report(task: TaskRef, worker_id: &str, outcome: Outcome) -> EventBody {
             worker_id: worker.clone(),
             reason: "cancelled while waiting for a slot, before it ran".to_owned(),
         }),
+        // Retryable, and the fold spends no attempt on it: the router places the task again.
+        Outcome::Released => failed(
+            FailureReason::Released,
+            format!("given back unrun from worker {worker_id}'s queue: a slot elsewhere was free"),
+            true,
+        ),
         Outcome::TimedOut { limit_secs } => failed(
             FailureReason::MaxRuntimeExceeded,
             format!("killed after the maximum runtime of {limit_secs}s"),

@@ -9,7 +9,7 @@ mod common;
 
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::placement::FleetIndex;
-use flowmesh_domain::schedule::{Action, Config, Requests, decide, decide_with};
+use flowmesh_domain::schedule::{Action, Config, Release, Releases, Requests, decide, decide_with};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
@@ -788,4 +788,80 @@ fn a_task_handed_back_unrun_by_a_cleanly_stopped_worker_keeps_its_attempts() {
         s.fail(&sent[0].0, "main", 2, true);
         assert_eq!(s.status("main"), TaskStatus::Failed, "one attempt ran, the only one allowed");
     }
+}
+
+/// An order waiting in one worker's queue while a slot that could run it is free on another is
+/// asked back (from the second look in a row on); given back unrun, it is placed
+/// again on the free slot without spending an attempt, even its only one. An order that started,
+/// or one with no free slot elsewhere, is left where it is; a worker that keeps giving a task
+/// back spends its attempts once `UNRUN_AT_MOST` is reached.
+#[test]
+fn a_queued_order_is_asked_back_when_a_slot_elsewhere_frees_and_placed_there_unspent() {
+    const TWO: &str = "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata: {name: two}\nspec:\n  taskType: echo\n  maxAttempts: 1\n  graph:\n    nodes:\n      - {name: a, spec: {data: {type: list, items: [a]}}}\n      - {name: b, spec: {data: {type: list, items: [b]}}}\n";
+    let queueing = || {
+        let mut w = worker("w1", &["echo"]);
+        w.prefetch = 1;
+        w
+    };
+    // (w2 joins with a free slot, the queued task reports a start) → asked back at the second look.
+    for (w2_free, started) in [(true, false), (false, false), (true, true)] {
+        let case = (w2_free, started);
+        let mut s = Scenario::new(TWO, vec![queueing()]);
+        let sent = s.route();
+        assert_eq!(sent.iter().map(|o| (o.0.as_str(), o.1.as_str())).collect::<Vec<_>>(), [("w1", "a"), ("w1", "b")]);
+        s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("a", 1), worker_id: "w1".into() }));
+        if started {
+            s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("b", 1), worker_id: "w1".into() }));
+        }
+        let mut w2 = worker("w2", &["echo"]);
+        if !w2_free {
+            w2.supported_task_types = vec!["python".into()];
+        }
+        s.fleet.push(w2);
+        assert!(s.route().is_empty(), "{case:?}: nothing new to place");
+        let mut releases = Releases::default();
+        let first = releases.look(&s.state, &s.index, &s.config, s.now);
+        let second = releases.look(&s.state, &s.index, &s.config, s.now);
+        let third = releases.look(&s.state, &s.index, &s.config, s.now);
+        if !w2_free || started {
+            assert!(first.is_empty() && second.is_empty() && third.is_empty(), "{case:?}: {second:?}");
+            continue;
+        }
+        assert!(first.is_empty(), "not at the first look: {first:?}");
+        assert_eq!(second, [Release { worker_id: "w1".into(), task_id: "wf-1-b".into() }]);
+        assert_eq!(third, second, "asked again while it waits");
+        s.apply(EventBody::TaskFailed(TaskFailed {
+            task: s.tref("b", 1),
+            worker_id: Some("w1".into()),
+            reason: FailureReason::Released,
+            message: "given back".into(),
+            retryable: true,
+        }));
+        let t = s.state.task("wf-1-b").unwrap();
+        assert_eq!((t.status, t.counted_attempts()), (TaskStatus::Retrying, 0), "no attempt spent");
+        assert!(t.failed_on.is_empty(), "not w1's failure: {:?}", t.failed_on);
+        assert!(s.route().is_empty(), "requeued first");
+        let sent = s.route();
+        assert_eq!(sent.iter().map(|o| (o.0.as_str(), o.1.as_str(), o.2)).collect::<Vec<_>>(), [("w2", "b", 2)]);
+        s.complete("w2", "b", 2, json!({"ok": true}));
+        assert_eq!(s.status("b"), TaskStatus::Completed);
+    }
+
+    // Given back again and again: believed up to the limit, then an attempt like any failure.
+    let mut s = Scenario::new(TWO, vec![queueing()]);
+    s.route();
+    for attempt in 1..=flowmesh_domain::state::UNRUN_AT_MOST + 1 {
+        let task = s.state.task("wf-1-b").unwrap();
+        assert_eq!((task.status, task.attempt), (TaskStatus::Dispatched, attempt));
+        s.apply(EventBody::TaskFailed(TaskFailed {
+            task: s.tref("b", attempt),
+            worker_id: Some("w1".into()),
+            reason: FailureReason::Released,
+            message: "given back".into(),
+            retryable: true,
+        }));
+        s.route();
+        s.route();
+    }
+    assert_eq!(s.status("b"), TaskStatus::Failed, "its one counted attempt spent: {:?}", s.kinds());
 }

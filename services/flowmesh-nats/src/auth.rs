@@ -176,6 +176,7 @@ fn narrow(role: &str, id: &str) -> Result<String, String> {
             ],
         ),
         (subjects::cancel("*"), vec![subjects::cancel(id)]),
+        (subjects::release("*"), vec![subjects::release(id)]),
         (subjects::prewarm("*"), vec![subjects::prewarm(id)]),
         (subjects::status("worker.*"), vec![subjects::status(&format!("worker.{id}"))]),
     ];

@@ -165,6 +165,12 @@ pub fn cancel(worker_id: &str) -> String {
     format!("{CONTROL_PREFIX}.{worker_id}.cancel")
 }
 
+/// Core-NATS subject on which a worker hears the router ask for an order back from its queue
+/// (a slot elsewhere is free): `flowmesh.control.<worker_id>.release`, payload = task id.
+pub fn release(worker_id: &str) -> String {
+    format!("{CONTROL_PREFIX}.{worker_id}.release")
+}
+
 /// Core-NATS subject on which a worker hears prewarm hints: `flowmesh.control.<worker_id>.prewarm`,
 /// payload = a model id (the `worker.prewarm_requested` event records each hint).
 pub fn prewarm(worker_id: &str) -> String {

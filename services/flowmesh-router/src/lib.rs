@@ -194,6 +194,10 @@ struct Router {
     fleet_changed: BTreeSet<String>,
     /// The next round looks at every worker (liveness runs out with time: on the tick).
     scan_all: bool,
+    /// Orders queued on a worker while a slot elsewhere could run them (`schedule::Releases`),
+    /// looked at after the round that follows a tick (`look_for_releases`).
+    releases: schedule::Releases,
+    look_for_releases: bool,
     /// The stream sequence the fold must reach before the router may act.
     target_seq: u64,
     leader: bool,
@@ -280,6 +284,8 @@ pub async fn run(
         live: FleetIndex::default(),
         fleet_changed: BTreeSet::new(),
         scan_all: true,
+        releases: schedule::Releases::default(),
+        look_for_releases: false,
         target_seq: last,
         leader: false,
         held: lease::Held::default(),
@@ -374,6 +380,7 @@ pub async fn run(
                     router.requests.touch_all();
                 }
                 router.scan_all = true;
+                router.look_for_releases = true;
                 status.set(router.status());
                 router.resend_cancels().await;
                 // The fold is copied here (its workflows shared, so a few ms at 10,000 in flight)
@@ -1007,6 +1014,11 @@ impl Router {
         if whole {
             self.last_whole = (deciding, deciding.elapsed());
         }
+        let releases = if std::mem::take(&mut self.look_for_releases) {
+            self.releases.look(&self.state, &self.live, &self.config.schedule, now)
+        } else {
+            Vec::new()
+        };
         // A round's events first, all in flight at once. A dispatch carries its task's work
         // order, so the worker runs nothing the log does not show; an order that holds a secret
         // (kept out of the log) is sent on the worker's work subject only once every
@@ -1050,6 +1062,12 @@ impl Router {
         let orders: Vec<_> = orders.into_iter().filter(|(id, _)| !stood_for.contains(id)).map(|(_, o)| o).collect();
         for (subject, model) in hints {
             let _ = self.client.publish(subject, model.into()).await;
+        }
+        // Best effort, asked again on the next tick while the order still waits.
+        for release in releases {
+            info!(task_id = %release.task_id, worker_id = %release.worker_id, "a slot elsewhere is free; asking for the queued order back");
+            metrics::counter!("flowmesh_releases_asked_total").increment(1);
+            let _ = self.client.publish(subjects::release(&release.worker_id), release.task_id.into()).await;
         }
         // Best effort, like the live logs: a watcher that misses one sees the next change.
         for pending in waiting {

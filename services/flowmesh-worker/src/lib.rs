@@ -65,6 +65,9 @@ struct Shared {
     queued: Mutex<BTreeMap<String, Arc<Trigger>>>,
     /// Of those, how many wait for a slot now (the snapshot's `queued`).
     waiting: std::sync::atomic::AtomicU32,
+    /// Of those, the ones waiting for a slot now, by id: what gives one back when the router
+    /// asks (a slot elsewhere is free). Only while it waits, so a release never stops a run.
+    releasable: Mutex<BTreeMap<String, Trigger>>,
     active: Mutex<BTreeMap<String, Active>>,
     /// Run permits, one per slot of each kind: a task runs only holding one of its kind.
     batch_slots: Arc<tokio::sync::Semaphore>,
@@ -283,6 +286,7 @@ pub async fn run(
         journal,
         queued: Mutex::new(BTreeMap::new()),
         waiting: std::sync::atomic::AtomicU32::new(0),
+        releasable: Mutex::new(BTreeMap::new()),
         active: Mutex::new(BTreeMap::new()),
         // A kind with no slots still runs one task: the router sends none, so that only serves
         // an order sent on an older snapshot.
@@ -386,6 +390,21 @@ pub async fn run(
                 let trigger = running.or_else(|| shared.queued.lock().expect("queued lock").get(&task_id).cloned());
                 if let Some(trigger) = trigger {
                     info!(task_id = %task_id, "cancel requested");
+                    trigger.fire();
+                }
+            }
+        });
+    }
+
+    {
+        let shared = shared.clone();
+        let mut sub = client.subscribe(subjects::release(&id)).await?;
+        background.spawn(async move {
+            while let Some(msg) = sub.next().await {
+                let task_id = String::from_utf8_lossy(&msg.payload).trim().to_owned();
+                // Ignored unless it still waits for a slot: started, it runs here.
+                if let Some(trigger) = shared.releasable.lock().expect("releasable lock").get(&task_id) {
+                    info!(task_id = %task_id, "asked to give back a queued order; giving it back unrun");
                     trigger.fire();
                 }
             }
@@ -595,6 +614,11 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
                 drop(slot);
                 event
             }
+            Turn::Released => Event::new(
+                work::report(task_ref(&order), &shared.config.worker_id, Outcome::Released),
+                clock::now_rfc3339(),
+                0,
+            ),
             Turn::Cancelled => {
                 info!("cancelled while waiting for a slot");
                 Event::new(
@@ -635,6 +659,8 @@ enum Turn {
     Run(tokio::sync::OwnedSemaphorePermit, (Arc<Trigger>, Shutdown)),
     /// A person cancelled it first.
     Cancelled,
+    /// The router asked for it back first (a slot elsewhere is free): it never ran here.
+    Released,
     /// The worker began to stop first.
     Stopping,
     /// Another delivery of an order it holds (its ack wait ran out meanwhile): that one acks it.
@@ -659,15 +685,19 @@ async fn take_turn(shared: &Shared, order: &WorkOrder, message: &jetstream::Mess
         Ok(slot) => slot,
         Err(_) => {
             let _waiting = Waiting::enter(&shared.waiting);
+            let (give_back, mut release) = shutdown::channel();
+            shared.releasable.lock().expect("releasable lock").insert(task_id.clone(), give_back);
             let waited = with_progress(message, shared.config.ack_wait, async {
                 tokio::select! {
                     biased;
                     _ = cancel.wait() => Err(Turn::Cancelled),
                     _ = stopping.wait() => Err(Turn::Stopping),
+                    _ = release.wait() => Err(Turn::Released),
                     slot = slots.clone().acquire_owned() => Ok(slot.expect("slot semaphores are never closed")),
                 }
             })
             .await;
+            shared.releasable.lock().expect("releasable lock").remove(task_id);
             match waited {
                 Ok(slot) => slot,
                 Err(turn) => {
