@@ -276,7 +276,7 @@ fn main() {
             });
             state.apply(&Event::new(body, "t".into(), i as u64));
         }
-        let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY };
+        let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY, ..Default::default() };
         // The first round explains every task (a busy hint, or a stored `task.pending` for one no
         // worker can run); folded in, later rounds are the steady state of a backlog: nothing to
         // publish.
@@ -404,7 +404,7 @@ fn hot_events(document: &[u8]) -> Vec<(&'static str, Event)> {
         .map(|g| Gpu { index: g, uuid: format!("GPU-{g}"), name: "H100".into(), memory_bytes: 80 << 30 })
         .collect();
     worker.slots.batch.total = 8;
-    let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY };
+    let config = schedule::Config { no_worker_grace_ms: u64::MAX, strategy: STRATEGY, ..Default::default() };
     let mut live = FleetIndex::of(&[worker]);
     let actions = schedule::decide_with(&state, &mut live, 1, &config, &mut schedule::Requests::default());
     let Some(Action::Dispatch { mut event, order }) =

@@ -29,6 +29,9 @@ pub struct Request {
     /// The inference backend the spec's fields select (`validate::inference_backend`, the
     /// validator's own classifier); a worker must serve it. `None`: not inference, or auto.
     pub backend: Option<InferenceBackend>,
+    /// It may wait in a worker's queue (`prefetch`) when no slot is free. Not a task given back
+    /// from a queue: it waits in the router for the first free slot instead.
+    pub queue: bool,
 }
 
 /// The model a spec loads, as workers advertise warm ones: `model.source.identifier`, else
@@ -118,6 +121,7 @@ pub fn request_for(task_type: &str, spec: &Value, selected: Option<Vec<String>>)
         tags,
         model: model_of(spec),
         backend,
+        queue: true,
     })
 }
 
@@ -450,6 +454,7 @@ struct RequestKey {
     tags: Vec<String>,
     model: Option<String>,
     backend: Option<InferenceBackend>,
+    queue: bool,
 }
 
 impl RequestKey {
@@ -465,6 +470,7 @@ impl RequestKey {
             tags: r.tags.clone(),
             model: r.model.clone(),
             backend: r.backend,
+            queue: r.queue,
         }
     }
 }
@@ -791,6 +797,22 @@ impl FleetIndex {
             .is_ok_and(|i| self.workers[i].batch_in_use > self.workers[i].snapshot.slots.batch.total)
     }
 
+    /// Whether any worker holds more batch tasks than it has batch slots.
+    pub fn any_queue_taken(&self) -> bool {
+        self.workers.iter().any(|m| m.batch_in_use > m.snapshot.slots.batch.total)
+    }
+
+    /// Whether a worker other than `holder` passes every rule for the request but, at most, a
+    /// free batch slot: it could run the task once one of its slots frees.
+    pub fn could_run_elsewhere(&self, request: &Request, holder: &str) -> bool {
+        let serving: &[usize] = self.by_type.get(request.task_type.as_str()).map_or(&[], Vec::as_slice);
+        serving.iter().any(|&i| {
+            let w = &self.workers[i];
+            w.snapshot.id != holder
+                && self.check(request, w).is_none_or(|(first, _)| first == Exclusion::NoFreeSlot { service: false })
+        })
+    }
+
     /// Whether some worker serving `task_type` has a batch slot of it free, queues aside.
     pub fn slot_free_for(&self, task_type: &str) -> bool {
         debug_assert!(!self.stale, "FleetIndex::prepare must run after a change");
@@ -895,7 +917,7 @@ impl FleetIndex {
             match self.check(request, w) {
                 None => eligible.push(i),
                 Some((first, permanent)) => {
-                    if w.takes_into_queue(&first) {
+                    if request.queue && w.takes_into_queue(&first) {
                         queueing.push(i);
                     }
                     if !permanent {
@@ -1009,7 +1031,8 @@ impl FleetIndex {
         // No serving worker has a slot free: the walk looks for the best queue place instead,
         // stopping early the same way. (With some slot free, a queue is chosen only by the full
         // walk, when no worker with a free slot is eligible.)
-        let to_queue = !uses_service_slot(&request.task_type)
+        let to_queue = request.queue
+            && !uses_service_slot(&request.task_type)
             && self.free_by_type.get(request.task_type.as_str()).is_some_and(|&(_, slots)| slots == 0);
         let mut best: Option<Best> = None;
         let mut best_avoided: Option<Best> = None;

@@ -22,13 +22,20 @@ pub struct Config {
     /// How long a task may find no capable worker before it fails (`TASK_NO_WORKER_GRACE_SEC`).
     pub no_worker_grace_ms: u64,
     pub strategy: Strategy,
+    /// How long an order may wait in a worker's queue, unstarted, while another worker could
+    /// run it, before it is asked back (`Releases`).
+    pub queue_patience_ms: u64,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { no_worker_grace_ms: 60_000, strategy: Strategy::BestFit }
+        Config { no_worker_grace_ms: 60_000, strategy: Strategy::BestFit, queue_patience_ms: QUEUE_PATIENCE_MS }
     }
 }
+
+/// `Config::queue_patience_ms` by default: far longer than an order of short tasks waits in a
+/// queue, short beside a long task.
+pub const QUEUE_PATIENCE_MS: u64 = 5_000;
 
 /// What the router should do.
 #[derive(Debug, Clone, PartialEq)]
@@ -862,7 +869,7 @@ fn decide_waiting(
             }
         }
         let request = match placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) {
-            Ok(r) => r,
+            Ok(r) => placement::Request { queue: !given_back(t), ..r },
             Err(message) => return fail(FailureReason::SpecValidationFailed, message),
         };
         let remembered =
@@ -945,43 +952,53 @@ pub struct Release {
 }
 
 /// Queued orders that could run sooner elsewhere. A worker with a queue (`prefetch`) takes an
-/// order while its slots are busy, and the order waits for one of them even when a slot that
-/// could run it frees on another worker first. Looked at on the router's tick, after a round: a
-/// task dispatched to a worker that holds more than its slots, not reported started, and
-/// placeable now on a free slot elsewhere, found so at two looks in a row, is asked back
-/// (`Release`), again at each later look while it stays so (the request is a core-NATS message,
-/// and one for an order no longer waiting is ignored). Its worker gives it back only if it
-/// still waits for a slot (`task.failed`, reason `released`, no attempt spent), and the next
-/// round places it again. Two looks, so that an order about to start is left alone.
+/// order while its slots are busy, and the order would wait for one of them even when another
+/// worker could run it sooner. Looked at on the router's tick, after a round: a task dispatched
+/// to a worker that holds more than its slots, not reported started, is asked back
+/// (`Release`) when, at two looks in a row, placement would put it on a free slot of another
+/// worker now; or when it has waited `Config::queue_patience_ms` and another worker could run
+/// it once a slot frees there. It is asked again at each look while that holds (a core-NATS
+/// message; one for an order no longer waiting is ignored). Its worker gives it back only if
+/// it still waits for a slot (`task.failed`, reason `released`, no attempt spent), and the task
+/// then waits in the router for the first free slot, never in a queue again (`given_back`), in
+/// its submission's turn.
 #[derive(Debug, Default)]
 pub struct Releases {
-    /// Task attempts found releasable at the last look.
-    seen: HashSet<(String, u32)>,
+    /// Task attempts found waiting in a queue at the last look, with when they were first found.
+    seen: HashMap<(String, u32), u64>,
 }
 
 impl Releases {
-    /// The orders to ask back now: a walk over the running workflows that places only tasks
-    /// queued on a worker while a slot of their type is free somewhere.
+    /// The orders to ask back now: a walk over the running workflows while some worker holds
+    /// more than its slots.
     pub fn look(&mut self, state: &State, index: &FleetIndex, config: &Config, now_ms: u64) -> Vec<Release> {
-        let mut seen = HashSet::new();
+        let mut seen = HashMap::new();
         let mut releases = Vec::new();
+        if !index.any_queue_taken() {
+            self.seen = seen;
+            return releases;
+        }
         for wf in state.running_workflows_unordered() {
             for t in &wf.tasks {
                 if t.status != TaskStatus::Dispatched || uses_service_slot(&t.def.task_type) {
                     continue;
                 }
                 let Some(worker) = t.worker_id.as_deref() else { continue };
-                if !index.slot_free_for(&t.def.task_type)
-                    || !index.queue_taken(worker)
-                    || !runs_elsewhere_now(wf, t, worker, index, config, now_ms)
-                {
+                if !index.queue_taken(worker) {
                     continue;
                 }
                 let key = (t.def.task_id.clone(), t.attempt);
-                if self.seen.contains(&key) {
-                    releases.push(Release { worker_id: worker.to_owned(), task_id: key.0.clone() });
+                let since = self.seen.get(&key).copied();
+                seen.insert(key, since.unwrap_or(now_ms));
+                let Some(since) = since else { continue };
+                let Some(request) = dispatched_request(wf, t) else { continue };
+                let free_now = index.slot_free_for(&t.def.task_type)
+                    && on_a_free_slot_elsewhere(t, &request, worker, index, config, now_ms);
+                let waited = now_ms.saturating_sub(since) >= config.queue_patience_ms
+                    && index.could_run_elsewhere(&request, worker);
+                if free_now || waited {
+                    releases.push(Release { worker_id: worker.to_owned(), task_id: t.def.task_id.clone() });
                 }
-                seen.insert(key);
             }
         }
         self.seen = seen;
@@ -989,22 +1006,27 @@ impl Releases {
     }
 }
 
+/// Whether the task's current attempt follows one given back from a worker's queue.
+fn given_back(t: &TaskState) -> bool {
+    t.reason.as_deref() == Some(FailureReason::Released.as_str())
+}
+
+/// The placement request of a dispatched task, as its dispatch resolved it.
+fn dispatched_request(wf: &WorkflowState, t: &TaskState) -> Option<Request> {
+    let Resolved { spec, .. } = resolve(wf, t).ok()?;
+    placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()).ok()
+}
+
 /// Whether placement would put the task on a free slot of another worker than `holder` now.
-fn runs_elsewhere_now(
-    wf: &WorkflowState,
+fn on_a_free_slot_elsewhere(
     t: &TaskState,
+    request: &Request,
     holder: &str,
     index: &FleetIndex,
     config: &Config,
     now_ms: u64,
 ) -> bool {
-    let Ok(Resolved { spec, .. }) = resolve(wf, t) else { return false };
-    let Ok(request) = placement::request_for(&t.def.task_type, &spec, t.def.selected_workers.clone()) else {
-        return false;
-    };
-    let mut avoid = t.failed_on.clone();
-    avoid.insert(holder.to_owned());
-    match index.place(&request, &t.def.stage, &t.def.task_id, config.strategy, &avoid, now_ms) {
+    match index.place(request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
         Placement::Chosen { worker_id, queued, .. } => !queued && worker_id != holder,
         Placement::Pending(_) => false,
     }

@@ -847,8 +847,11 @@ fn a_queued_order_is_asked_back_when_a_slot_elsewhere_frees_and_placed_there_uns
         assert_eq!(s.status("b"), TaskStatus::Completed);
     }
 
-    // Given back again and again: believed up to the limit, then an attempt like any failure.
-    let mut s = Scenario::new(TWO, vec![queueing()]);
+    // Given back again and again (here from a slot: the fold cannot tell): believed up to the
+    // limit, then an attempt like any failure.
+    let mut two_slots = worker("w1", &["echo"]);
+    two_slots.slots.batch.total = 2;
+    let mut s = Scenario::new(TWO, vec![two_slots]);
     s.route();
     for attempt in 1..=flowmesh_domain::state::UNRUN_AT_MOST + 1 {
         let task = s.state.task("wf-1-b").unwrap();
@@ -864,4 +867,47 @@ fn a_queued_order_is_asked_back_when_a_slot_elsewhere_frees_and_placed_there_uns
         s.route();
     }
     assert_eq!(s.status("b"), TaskStatus::Failed, "its one counted attempt spent: {:?}", s.kinds());
+}
+
+/// With no slot free anywhere, an order that has waited `queue_patience_ms` in one worker's
+/// queue while another worker could run it is asked back; given back, it waits in the router,
+/// never in a queue again (the queue place it left is free), and takes the first slot to free.
+#[test]
+fn a_queued_order_that_waited_its_patience_takes_the_first_slot_to_free_anywhere() {
+    const THREE: &str = "apiVersion: flowmesh/v1\nkind: Workflow\nmetadata: {name: three}\nspec:\n  taskType: echo\n  graph:\n    nodes:\n      - {name: a, spec: {data: {type: list, items: [a]}}}\n      - {name: b, spec: {data: {type: list, items: [b]}}}\n      - {name: c, spec: {data: {type: list, items: [c]}}}\n";
+    let mut w1 = worker("w1", &["echo"]);
+    w1.prefetch = 1;
+    let mut s = Scenario::new(THREE, vec![w1]);
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| (o.0.as_str(), o.1.as_str())).collect::<Vec<_>>(), [("w1", "a"), ("w1", "b")]);
+    s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("a", 1), worker_id: "w1".into() }));
+    s.fleet.push(worker("w2", &["echo"]));
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| (o.0.as_str(), o.1.as_str())).collect::<Vec<_>>(), [("w2", "c")]);
+    s.apply(EventBody::TaskStarted(TaskStarted { task: s.tref("c", 1), worker_id: "w2".into() }));
+
+    let mut releases = Releases::default();
+    let patience = s.config.queue_patience_ms;
+    assert!(releases.look(&s.state, &s.index, &s.config, s.now).is_empty(), "first look");
+    s.now += patience - 1;
+    assert!(releases.look(&s.state, &s.index, &s.config, s.now).is_empty(), "within its patience");
+    s.now += 1;
+    assert_eq!(
+        releases.look(&s.state, &s.index, &s.config, s.now),
+        [Release { worker_id: "w1".into(), task_id: "wf-1-b".into() }]
+    );
+    s.apply(EventBody::TaskFailed(TaskFailed {
+        task: s.tref("b", 1),
+        worker_id: Some("w1".into()),
+        reason: FailureReason::Released,
+        message: "given back".into(),
+        retryable: true,
+    }));
+    assert!(s.route().is_empty(), "requeued");
+    assert!(s.route().is_empty(), "not into w1's queue again, though its place is free");
+    assert_eq!(s.status("b"), TaskStatus::Waiting);
+    assert!(releases.look(&s.state, &s.index, &s.config, s.now).is_empty(), "nothing queued now");
+    s.complete("w2", "c", 1, json!({"ok": true}));
+    let sent = s.route();
+    assert_eq!(sent.iter().map(|o| (o.0.as_str(), o.1.as_str(), o.2)).collect::<Vec<_>>(), [("w2", "b", 2)]);
 }

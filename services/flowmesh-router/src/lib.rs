@@ -137,6 +137,7 @@ impl RouterArgs {
             schedule: schedule::Config {
                 no_worker_grace_ms: self.task_no_worker_grace_sec * 1000,
                 strategy: self.router_strategy,
+                ..Default::default()
             },
             lease_ttl: Duration::from_secs(self.router_lease_ttl_sec),
             instance: self
