@@ -218,6 +218,24 @@ impl Journal {
     }
 }
 
+/// Opens a sled directory to read it once: no flusher thread. sled's threads give up the
+/// directory's lock a moment after its last handle is dropped, so a lock still held is asked
+/// for again for up to two seconds (the last process to use it may have only just stopped).
+fn open_sled_once(dir: &Path) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match sled::Config::new().path(dir).flush_every_ms(None).open() {
+            // sled 0.34 says so in the message only (its kind is `Other`).
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened,
+        }
+    }
+}
+
 impl Journal {
     /// Takes over a journal that an earlier version kept in sled (a directory): the reports it
     /// still owed and the ids it knew reported are written to this journal and synced, then the
@@ -230,7 +248,7 @@ impl Journal {
         if !dir.is_dir() {
             return Ok(());
         }
-        let db = sled::open(dir)?;
+        let db = open_sled_once(dir)?;
         let (mut owed, mut reported) = (0, 0);
         for (_, value) in db.iter().filter_map(Result::ok) {
             // Records of taken orders (older still) read as nothing, as they did then.
@@ -655,6 +673,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("w1");
         {
+            // sled's threads hold the directory's lock for a moment after this drop: the
+            // takeover's open below waits for it (it failed now and then under load before).
             let db = sled::open(&old).unwrap();
             let entry = |task: &str, reported: bool| {
                 serde_json::to_vec(&serde_json::json!({"Finished": {"event": end(task), "reported": reported}}))
