@@ -12,13 +12,13 @@ cd "$(dirname "$0")/.."
 bin=${FLOWMESH_BIN:-target/release}
 workers=4
 slots=2
-prefetch=0
+prefetch=() # the worker's default unless given
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers=$2; shift 2 ;;
     --slots) slots=$2; shift 2 ;;
-    --prefetch) prefetch=$2; shift 2 ;;
+    --prefetch) prefetch=(--worker-prefetch "$2"); shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -42,7 +42,7 @@ pids+=($!)
 pids+=($!)
 for n in $(seq "$workers"); do
   WORKER_ID="bench-worker-$n" RESULTS_DIR="$dir/results-$n" HEARTBEAT_INTERVAL_SEC=2 \
-    "$bin/flowmesh-worker" --worker-batch-slots "$slots" --worker-prefetch "$prefetch" >"$dir/worker-$n.log" 2>&1 &
+    "$bin/flowmesh-worker" --worker-batch-slots "$slots" "${prefetch[@]}" >"$dir/worker-$n.log" 2>&1 &
   pids+=($!)
 done
 live_workers() { [ "$("$bin/flowmesh" worker list 2>/dev/null | grep -c 'bench-worker-')" -ge "$workers" ]; }

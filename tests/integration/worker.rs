@@ -374,16 +374,17 @@ async fn a_worker_restarted_with_other_slots_gets_them() -> anyhow::Result<()> {
         }
     };
     world.worker_process("w1", &[("WORKER_BATCH_SLOTS", "1"), ("WORKER_ACK_WAIT_SEC", "30")])?;
-    // 1 batch slot + 1 service slot.
-    wait_limits(&world, (2, 30), "first start").await?;
+    // 1 batch slot + 1 service slot + the default queue.
+    let queue = i64::from(flowmesh_worker::config::DEFAULT_PREFETCH);
+    wait_limits(&world, (2 + queue, 30), "first start").await?;
     world.terminate("w1")?;
     assert!(world.wait_exit("w1").await?.success(), "{}", world.process_log("w1"));
 
     world.worker_process(
         "w1-again",
-        &[("WORKER_ID", "w1"), ("WORKER_BATCH_SLOTS", "6"), ("WORKER_ACK_WAIT_SEC", "90")],
+        &[("WORKER_ID", "w1"), ("WORKER_BATCH_SLOTS", "6"), ("WORKER_PREFETCH", "1"), ("WORKER_ACK_WAIT_SEC", "90")],
     )?;
-    wait_limits(&world, (7, 90), "second start").await?;
+    wait_limits(&world, (8, 90), "second start").await?;
     world.shutdown().await;
     Ok(())
 }

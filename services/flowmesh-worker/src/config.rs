@@ -5,6 +5,12 @@ use flowmesh_domain::ids;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Work orders a worker queues beyond its batch slots unless told otherwise (`WORKER_PREFETCH`).
+/// Two: with the default two slots, a worker of short tasks always has its next order at hand,
+/// and a queued order that could run sooner elsewhere is asked back (ARCHITECTURE, "A worker
+/// may queue orders beyond its slots").
+pub const DEFAULT_PREFETCH: u32 = 2;
+
 /// Flags and environment variables (SPEC §6).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
@@ -27,8 +33,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "WORKER_BATCH_SLOTS", default_value = "2", allow_hyphen_values = true, value_parser = parse::positive_u32)]
     pub worker_batch_slots: u32,
     /// Work orders held beyond the batch slots, each queued until a slot frees: a worker of
-    /// short tasks then has its next order at hand when one ends. Default: 0 (none).
-    #[arg(long, env = "WORKER_PREFETCH", default_value = "0", allow_hyphen_values = true, value_parser = parse::count)]
+    /// short tasks then has its next order at hand when one ends; the router asks for one back
+    /// when it could run sooner elsewhere. Default: 2.
+    #[arg(long, env = "WORKER_PREFETCH", default_value_t = DEFAULT_PREFETCH, allow_hyphen_values = true, value_parser = parse::count)]
     pub worker_prefetch: u32,
     /// Long-lived services (`serve`) run at once.
     #[arg(long, env = "WORKER_SERVICE_SLOTS", default_value = "1", allow_hyphen_values = true, value_parser = parse::count)]
@@ -139,7 +146,7 @@ impl Config {
             cost_per_hour: 1.0,
             batch_slots: 2,
             service_slots: 1,
-            prefetch: 0,
+            prefetch: DEFAULT_PREFETCH,
             ssh_limits: SshLimits::default(),
             ssh_gpu_limit: false,
             ssh_public_host: Some("127.0.0.1".to_owned()),

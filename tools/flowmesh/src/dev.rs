@@ -17,8 +17,9 @@ pub struct StackOptions {
     pub workers: usize,
     /// Batch slots of every worker; the worker's default when `None`.
     pub batch_slots: Option<u32>,
-    /// Work orders every worker queues beyond its batch slots (`WORKER_PREFETCH`).
-    pub prefetch: u32,
+    /// Work orders every worker queues beyond its batch slots (`WORKER_PREFETCH`); the worker's
+    /// default when `None`.
+    pub prefetch: Option<u32>,
     /// Simulated hardware for every worker (`--worker-hw`).
     pub worker_hw: Option<Hardware>,
     pub nats_server: Option<PathBuf>,
@@ -35,7 +36,7 @@ impl Default for StackOptions {
             data: None,
             workers: 1,
             batch_slots: None,
-            prefetch: 0,
+            prefetch: None,
             worker_hw: None,
             nats_server: None,
             port: None,
@@ -70,7 +71,9 @@ pub fn worker_config(options: &StackOptions, data_dir: &std::path::Path, n: usiz
     if let Some(slots) = options.batch_slots {
         config.batch_slots = slots;
     }
-    config.prefetch = options.prefetch;
+    if let Some(prefetch) = options.prefetch {
+        config.prefetch = prefetch;
+    }
     config
 }
 

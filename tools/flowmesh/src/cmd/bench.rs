@@ -39,9 +39,9 @@ pub struct Args {
     #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(1..=1024))]
     slots: Option<u32>,
     /// With --dev: work orders each worker queues beyond its slots, to have its next one at hand
-    /// when a task ends (WORKER_PREFETCH).
-    #[arg(long, requires = "dev", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
-    prefetch: u32,
+    /// when a task ends (WORKER_PREFETCH); the worker's default when unset.
+    #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(0..=1024))]
+    prefetch: Option<u32>,
     /// With --dev: the nats-server binary (default: from PATH).
     #[arg(long, requires = "dev")]
     nats_server: Option<PathBuf>,
