@@ -581,6 +581,69 @@ async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<(
     Ok(())
 }
 
+/// With every slot busy, an order that has waited its patience in one worker's queue while
+/// another worker could run it is given back, waits in the router (not in the queue place it
+/// left), and runs on the first slot to free, here the other worker's, while the task ahead of
+/// it in its first queue still runs.
+#[tokio::test]
+async fn a_queued_order_past_its_patience_takes_the_first_slot_to_free() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let mut config = worker_config(&world, "w1", None);
+    (config.batch_slots, config.prefetch) = (1, 1);
+    world.worker(config).await?;
+    let (release_1, release_2) = (world.dir.path().join("release-1"), world.dir.path().join("release-2"));
+    let (first, quick) = held_and_quick(&release_1);
+    let (second, _) = held_and_quick(&release_2);
+    let on_w1 = world.submit(first.as_bytes(), None).await?;
+    world.wait_started(&on_w1).await?;
+    let mut config = worker_config(&world, "w2", None);
+    (config.batch_slots, config.prefetch) = (1, 0);
+    world.worker(config).await?;
+    let on_w2 = world.submit(second.as_bytes(), None).await?;
+    world.wait_started(&on_w2).await?;
+    let queued = world.submit(quick.as_bytes(), None).await?;
+
+    let given_back = world
+        .wait_for("the queued order to be given back after its patience", |events| {
+            events.iter().any(|e| {
+                matches!(&e.body, EventBody::TaskFailed(f)
+                    if f.task.workflow_id == queued && f.reason == FailureReason::Released && f.worker_id.as_deref() == Some("w1"))
+            })
+        })
+        .await?;
+    let dispatches: Vec<(u32, String)> = given_back
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TaskDispatched(d) if d.task.workflow_id == queued => Some((d.task.attempt, d.worker_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(dispatches, [(1, "w1".to_owned())], "queued on w1 first");
+    // w2's task ends first: the given-back task takes its slot, while w1's task still runs.
+    std::fs::write(&release_2, b"")?;
+    let events = world.wait_workflow_end(&queued).await?;
+    let ends: Vec<(u32, &str, String)> = events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TaskFailed(f) => Some((f.task.attempt, f.worker_id.as_deref()?, f.reason.to_string())),
+            EventBody::TaskCompleted(c) => Some((c.task.attempt, c.worker_id.as_str(), "completed".to_owned())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, [(1, "w1", "released".to_owned()), (2, "w2", "completed".to_owned())], "{:?}", kinds(&events));
+    let all = world.events();
+    assert!(
+        !all.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.workflow_id == on_w1)),
+        "w1's task still runs"
+    );
+    std::fs::write(&release_1, b"")?;
+    let events = world.wait_workflow_end(&on_w1).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    world.shutdown().await;
+    Ok(())
+}
+
 /// A stopping worker hands back the order waiting in its queue at once, unrun and unacked, while
 /// its running task finishes; leaving the fleet requeues the queued task without spending its
 /// only attempt, and another worker runs it.

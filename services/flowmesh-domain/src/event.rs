@@ -238,8 +238,8 @@ failure_reasons! {
     "result_upload_failed" => ResultUploadFailed,
     /// A draining worker stopped before the task finished and handed it back.
     "handed_back" => HandedBack,
-    /// Asked by the router, the worker gave back an order waiting in its queue, unrun: a slot
-    /// that could run it was free on another worker. No attempt spent, no failure of the worker.
+    /// Asked by the router, the worker gave back an order waiting in its queue, unrun: it could
+    /// run sooner on another worker. No attempt spent, no failure of the worker.
     "released" => Released,
     /// The worker holding the last attempt left the fleet.
     "worker_lost" => WorkerLost,

@@ -71,7 +71,7 @@ pub enum Outcome {
     Cancelled { handed_back: bool },
     /// Cancelled by a person while its order waited in the worker's queue for a slot: never run.
     CancelledWaiting,
-    /// Given back from the worker's queue, unrun, when the router asked (a slot elsewhere was free).
+    /// Given back from the worker's queue, unrun, when the router asked (it could run sooner elsewhere).
     Released,
     /// Killed at its maximum runtime.
     TimedOut { limit_secs: u64 },
@@ -133,7 +133,7 @@ pub fn report(task: TaskRef, worker_id: &str, outcome: Outcome) -> EventBody {
         // Retryable, and the fold spends no attempt on it: the router places the task again.
         Outcome::Released => failed(
             FailureReason::Released,
-            format!("given back unrun from worker {worker_id}'s queue: a slot elsewhere was free"),
+            format!("given back unrun from worker {worker_id}'s queue: it could run sooner elsewhere"),
             true,
         ),
         Outcome::TimedOut { limit_secs } => failed(

@@ -166,7 +166,7 @@ pub fn cancel(worker_id: &str) -> String {
 }
 
 /// Core-NATS subject on which a worker hears the router ask for an order back from its queue
-/// (a slot elsewhere is free): `flowmesh.control.<worker_id>.release`, payload = task id.
+/// (it could run sooner elsewhere): `flowmesh.control.<worker_id>.release`, payload = task id.
 pub fn release(worker_id: &str) -> String {
     format!("{CONTROL_PREFIX}.{worker_id}.release")
 }

@@ -195,7 +195,7 @@ struct Router {
     fleet_changed: BTreeSet<String>,
     /// The next round looks at every worker (liveness runs out with time: on the tick).
     scan_all: bool,
-    /// Orders queued on a worker while a slot elsewhere could run them (`schedule::Releases`),
+    /// Orders queued on a worker that could run sooner elsewhere (`schedule::Releases`),
     /// looked at after the round that follows a tick (`look_for_releases`).
     releases: schedule::Releases,
     look_for_releases: bool,
@@ -1066,7 +1066,7 @@ impl Router {
         }
         // Best effort, asked again on the next tick while the order still waits.
         for release in releases {
-            info!(task_id = %release.task_id, worker_id = %release.worker_id, "a slot elsewhere is free; asking for the queued order back");
+            info!(task_id = %release.task_id, worker_id = %release.worker_id, "the queued order could run sooner elsewhere; asking for it back");
             metrics::counter!("flowmesh_releases_asked_total").increment(1);
             let _ = self.client.publish(subjects::release(&release.worker_id), release.task_id.into()).await;
         }

@@ -66,7 +66,7 @@ struct Shared {
     /// Of those, how many wait for a slot now (the snapshot's `queued`).
     waiting: std::sync::atomic::AtomicU32,
     /// Of those, the ones waiting for a slot now, by id: what gives one back when the router
-    /// asks (a slot elsewhere is free). Only while it waits, so a release never stops a run.
+    /// asks (it could run sooner elsewhere). Only while it waits, so a release never stops a run.
     releasable: Mutex<BTreeMap<String, Trigger>>,
     active: Mutex<BTreeMap<String, Active>>,
     /// Run permits, one per slot of each kind: a task runs only holding one of its kind.
@@ -659,7 +659,7 @@ enum Turn {
     Run(tokio::sync::OwnedSemaphorePermit, (Arc<Trigger>, Shutdown)),
     /// A person cancelled it first.
     Cancelled,
-    /// The router asked for it back first (a slot elsewhere is free): it never ran here.
+    /// The router asked for it back first (it could run sooner elsewhere): it never ran here.
     Released,
     /// The worker began to stop first.
     Stopping,
