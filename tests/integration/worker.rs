@@ -453,6 +453,40 @@ fn run_began(events: &[flowmesh_domain::Event], task: &str) -> Option<String> {
     })
 }
 
+/// Each attempt's end in `events`: (attempt, worker, `completed` or the failure's reason).
+fn attempt_ends(events: &[flowmesh_domain::Event]) -> Vec<(u32, String, String)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.body {
+            EventBody::TaskFailed(f) => Some((f.task.attempt, f.worker_id.clone()?, f.reason.to_string())),
+            EventBody::TaskCompleted(c) => Some((c.task.attempt, c.worker_id.clone(), "completed".to_owned())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Attempt 1's end when w1 gave its order back from the queue.
+fn given_back_by_w1() -> (u32, String, String) {
+    (1, "w1".to_owned(), FailureReason::Released.to_string())
+}
+
+/// Asserts that workflow `held` (a task of `held_and_quick` on `worker`) has not ended, then lets
+/// it end and waits for it to complete.
+async fn still_running_then_released(
+    world: &World,
+    held: &str,
+    worker: &str,
+    release: &std::path::Path,
+) -> anyhow::Result<()> {
+    let ended =
+        world.events().iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.workflow_id == held));
+    assert!(!ended, "{worker}'s task still runs");
+    std::fs::write(release, b"")?;
+    let events = world.wait_workflow_end(held).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    Ok(())
+}
+
 /// A worker with one slot and a queue of one (`WORKER_PREFETCH=1`) takes its next order while a
 /// task runs, never runs the two at once, starts the queued one once the slot frees, and a
 /// queued task can be cancelled before it runs.
@@ -556,27 +590,13 @@ async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<(
     world.worker(worker_config(&world, "w2", None)).await?;
     let events = world.wait_workflow_end(&queued).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
-    let ends: Vec<(u32, &str, String)> = events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TaskFailed(f) => Some((f.task.attempt, f.worker_id.as_deref()?, f.reason.to_string())),
-            EventBody::TaskCompleted(c) => Some((c.task.attempt, c.worker_id.as_str(), "completed".to_owned())),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        ends,
-        [(1, "w1", "released".to_owned()), (2, "w2", "completed".to_owned())],
+        attempt_ends(&events),
+        [given_back_by_w1(), (2, "w2".to_owned(), "completed".to_owned())],
         "given back by w1 unrun, run by w2 on an attempt that counts as its first: {:?}",
         kinds(&events)
     );
-    let all = world.events();
-    let long_ended =
-        all.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.workflow_id == running));
-    assert!(!long_ended, "w1's task still runs");
-    std::fs::write(&release, b"")?;
-    let events = world.wait_workflow_end(&running).await?;
-    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    still_running_then_released(&world, &running, "w1", &release).await?;
     world.shutdown().await;
     Ok(())
 }
@@ -623,23 +643,13 @@ async fn a_queued_order_past_its_patience_takes_the_first_slot_to_free() -> anyh
     // w2's task ends first: the given-back task takes its slot, while w1's task still runs.
     std::fs::write(&release_2, b"")?;
     let events = world.wait_workflow_end(&queued).await?;
-    let ends: Vec<(u32, &str, String)> = events
-        .iter()
-        .filter_map(|e| match &e.body {
-            EventBody::TaskFailed(f) => Some((f.task.attempt, f.worker_id.as_deref()?, f.reason.to_string())),
-            EventBody::TaskCompleted(c) => Some((c.task.attempt, c.worker_id.as_str(), "completed".to_owned())),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(ends, [(1, "w1", "released".to_owned()), (2, "w2", "completed".to_owned())], "{:?}", kinds(&events));
-    let all = world.events();
-    assert!(
-        !all.iter().any(|e| matches!(&e.body, EventBody::TaskCompleted(c) if c.task.workflow_id == on_w1)),
-        "w1's task still runs"
+    assert_eq!(
+        attempt_ends(&events),
+        [given_back_by_w1(), (2, "w2".to_owned(), "completed".to_owned())],
+        "{:?}",
+        kinds(&events)
     );
-    std::fs::write(&release_1, b"")?;
-    let events = world.wait_workflow_end(&on_w1).await?;
-    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    still_running_then_released(&world, &on_w1, "w1", &release_1).await?;
     world.shutdown().await;
     Ok(())
 }

@@ -148,6 +148,17 @@ impl Scenario {
         }))
     }
 
+    /// The worker's report that it gave the order back from its queue, unrun.
+    fn give_back(&mut self, worker: &str, stage: &str, attempt: u32) -> Applied {
+        self.apply(EventBody::TaskFailed(TaskFailed {
+            task: self.tref(stage, attempt),
+            worker_id: Some(worker.into()),
+            reason: FailureReason::Released,
+            message: "given back".into(),
+            retryable: true,
+        }))
+    }
+
     fn status(&self, stage: &str) -> TaskStatus {
         self.state.task(&format!("wf-1-{stage}")).expect("task").status
     }
@@ -830,13 +841,7 @@ fn a_queued_order_is_asked_back_when_a_slot_elsewhere_frees_and_placed_there_uns
         assert!(first.is_empty(), "not at the first look: {first:?}");
         assert_eq!(second, [Release { worker_id: "w1".into(), task_id: "wf-1-b".into() }]);
         assert_eq!(third, second, "asked again while it waits");
-        s.apply(EventBody::TaskFailed(TaskFailed {
-            task: s.tref("b", 1),
-            worker_id: Some("w1".into()),
-            reason: FailureReason::Released,
-            message: "given back".into(),
-            retryable: true,
-        }));
+        s.give_back("w1", "b", 1);
         let t = s.state.task("wf-1-b").unwrap();
         assert_eq!((t.status, t.counted_attempts()), (TaskStatus::Retrying, 0), "no attempt spent");
         assert!(t.failed_on.is_empty(), "not w1's failure: {:?}", t.failed_on);
@@ -856,13 +861,7 @@ fn a_queued_order_is_asked_back_when_a_slot_elsewhere_frees_and_placed_there_uns
     for attempt in 1..=flowmesh_domain::state::UNRUN_AT_MOST + 1 {
         let task = s.state.task("wf-1-b").unwrap();
         assert_eq!((task.status, task.attempt), (TaskStatus::Dispatched, attempt));
-        s.apply(EventBody::TaskFailed(TaskFailed {
-            task: s.tref("b", attempt),
-            worker_id: Some("w1".into()),
-            reason: FailureReason::Released,
-            message: "given back".into(),
-            retryable: true,
-        }));
+        s.give_back("w1", "b", attempt);
         s.route();
         s.route();
     }
@@ -896,13 +895,7 @@ fn a_queued_order_that_waited_its_patience_takes_the_first_slot_to_free_anywhere
         releases.look(&s.state, &s.index, &s.config, s.now),
         [Release { worker_id: "w1".into(), task_id: "wf-1-b".into() }]
     );
-    s.apply(EventBody::TaskFailed(TaskFailed {
-        task: s.tref("b", 1),
-        worker_id: Some("w1".into()),
-        reason: FailureReason::Released,
-        message: "given back".into(),
-        retryable: true,
-    }));
+    s.give_back("w1", "b", 1);
     assert!(s.route().is_empty(), "requeued");
     assert!(s.route().is_empty(), "not into w1's queue again, though its place is free");
     assert_eq!(s.status("b"), TaskStatus::Waiting);
