@@ -465,9 +465,15 @@ fn attempt_ends(events: &[flowmesh_domain::Event]) -> Vec<(u32, String, String)>
         .collect()
 }
 
-/// Attempt 1's end when w1 gave its order back from the queue.
-fn given_back_by_w1() -> (u32, String, String) {
-    (1, "w1".to_owned(), FailureReason::Released.to_string())
+/// Waits for workflow `queued` to complete, its order given back unrun by w1 and run by w2 on an
+/// attempt that counts as its first (the task allows one).
+async fn given_back_by_w1_then_run_on_w2(world: &World, queued: &str) -> anyhow::Result<()> {
+    let events = world.wait_workflow_end(queued).await?;
+    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    let expected =
+        [(1, "w1".to_owned(), FailureReason::Released.to_string()), (2, "w2".to_owned(), "completed".to_owned())];
+    assert_eq!(attempt_ends(&events), expected, "{:?}", kinds(&events));
+    Ok(())
 }
 
 /// Asserts that workflow `held` (a task of `held_and_quick` on `worker`) has not ended, then lets
@@ -588,14 +594,7 @@ async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<(
 
     // A worker with a free slot joins while w1's task still runs.
     world.worker(worker_config(&world, "w2", None)).await?;
-    let events = world.wait_workflow_end(&queued).await?;
-    assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
-    assert_eq!(
-        attempt_ends(&events),
-        [given_back_by_w1(), (2, "w2".to_owned(), "completed".to_owned())],
-        "given back by w1 unrun, run by w2 on an attempt that counts as its first: {:?}",
-        kinds(&events)
-    );
+    given_back_by_w1_then_run_on_w2(&world, &queued).await?;
     still_running_then_released(&world, &running, "w1", &release).await?;
     world.shutdown().await;
     Ok(())
@@ -642,13 +641,7 @@ async fn a_queued_order_past_its_patience_takes_the_first_slot_to_free() -> anyh
     assert_eq!(dispatches, [(1, "w1".to_owned())], "queued on w1 first");
     // w2's task ends first: the given-back task takes its slot, while w1's task still runs.
     std::fs::write(&release_2, b"")?;
-    let events = world.wait_workflow_end(&queued).await?;
-    assert_eq!(
-        attempt_ends(&events),
-        [given_back_by_w1(), (2, "w2".to_owned(), "completed".to_owned())],
-        "{:?}",
-        kinds(&events)
-    );
+    given_back_by_w1_then_run_on_w2(&world, &queued).await?;
     still_running_then_released(&world, &on_w1, "w1", &release_1).await?;
     world.shutdown().await;
     Ok(())
