@@ -261,6 +261,13 @@ fn corpus() -> Vec<(String, Value)> {
             ),
         ),
         (
+            "wf-1.wf-1-main.task.failed.w1".into(),
+            task(
+                "task.failed",
+                json!({"worker_id": "w1", "reason": "released", "message": "given back unrun", "retryable": true}),
+            ),
+        ),
+        (
             "wf-1.wf-1-main.task.failed".into(),
             task("task.failed", json!({"reason": "worker_lost", "message": "w1 was lost", "retryable": true})),
         ),
