@@ -532,6 +532,11 @@ impl Member {
         if service { self.service_in_use < slots.service.total } else { self.batch_in_use < slots.batch.total }
     }
 
+    /// More batch tasks than batch slots: some wait in its queue.
+    fn queue_taken(&self) -> bool {
+        self.batch_in_use > self.snapshot.slots.batch.total
+    }
+
     /// Every batch slot taken, a place in its queue free.
     fn queues(&self) -> bool {
         let total = self.snapshot.slots.batch.total;
@@ -793,13 +798,12 @@ impl FleetIndex {
 
     /// Whether `worker_id` holds more batch tasks than it has batch slots: some wait in its queue.
     pub fn queue_taken(&self, worker_id: &str) -> bool {
-        self.position(worker_id)
-            .is_ok_and(|i| self.workers[i].batch_in_use > self.workers[i].snapshot.slots.batch.total)
+        self.position(worker_id).is_ok_and(|i| self.workers[i].queue_taken())
     }
 
     /// Whether any worker holds more batch tasks than it has batch slots.
     pub fn any_queue_taken(&self) -> bool {
-        self.workers.iter().any(|m| m.batch_in_use > m.snapshot.slots.batch.total)
+        self.workers.iter().any(Member::queue_taken)
     }
 
     /// Whether a worker other than `holder` passes every rule for the request but, at most, a
