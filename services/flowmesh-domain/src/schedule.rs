@@ -15,6 +15,7 @@ use crate::template::{self, lookup};
 use crate::validate::validate_dispatchable;
 use crate::work::WorkOrder;
 use crate::workflow::condition_text;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -892,7 +893,7 @@ fn decide_waiting(
     match index.place(&remembered.request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
         Placement::Chosen { worker_id, score, explanation, queued } => {
             // Resolution is deterministic: what resolved in an earlier round resolves the same now.
-            let spec = match resolved.map_or_else(|| resolve_spec(wf, t), Ok) {
+            let spec = match resolved.map_or_else(|| resolve_spec(wf, t), |spec| Ok(spec.into_owned())) {
                 Ok(spec) => spec,
                 Err(message) => return fail(FailureReason::SpecResolutionFailed, message),
             };
@@ -1034,25 +1035,28 @@ fn on_a_free_slot_elsewhere(
 
 /// The task's spec with its placeholders (and echo references) resolved from upstream results.
 pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Value, String> {
-    resolve(wf, t).map(|resolved| resolved.spec)
+    resolve(wf, t).map(|resolved| resolved.spec.into_owned())
 }
 
 /// A spec as it will be dispatched, and whether resolution rewrote any of it.
 #[derive(Debug)]
-pub struct Resolved {
-    pub spec: serde_json::Value,
+pub struct Resolved<'a> {
+    /// The task's own spec, borrowed, where nothing was rewritten: a task that waits for a slot
+    /// has its placement request read from it without a copy, and is copied once, at dispatch.
+    pub spec: Cow<'a, serde_json::Value>,
     /// It held a placeholder or (echo) an item that reads an upstream result. When not, the spec
     /// is the one the validator checked.
     pub rewritten: bool,
 }
 
 /// `resolve_spec`, saying whether anything was rewritten.
-pub fn resolve(wf: &WorkflowState, t: &TaskState) -> Result<Resolved, String> {
+pub fn resolve<'a>(wf: &WorkflowState, t: &'a TaskState) -> Result<Resolved<'a>, String> {
     let upstream = WorkflowUpstream(wf);
     let placeholders = template::contains_placeholder(&t.def.spec);
-    let spec = if placeholders { template::resolve(&t.def.spec, &upstream)? } else { t.def.spec.clone() };
+    let spec =
+        if placeholders { Cow::Owned(template::resolve(&t.def.spec, &upstream)?) } else { Cow::Borrowed(&t.def.spec) };
     if t.def.task_type == "echo" && !echo::references(&spec).is_empty() {
-        return Ok(Resolved { spec: echo::resolve_items(spec, &upstream)?, rewritten: true });
+        return Ok(Resolved { spec: Cow::Owned(echo::resolve_items(spec.into_owned(), &upstream)?), rewritten: true });
     }
     Ok(Resolved { spec, rewritten: placeholders })
 }
