@@ -443,6 +443,40 @@ fn held_and_quick(release: &std::path::Path) -> (String, &'static str) {
     (held, quick)
 }
 
+/// Submits the held task of `held_and_quick` (it runs until `release` exists) and waits until
+/// it started; returns its workflow and the quick document.
+async fn start_held(world: &World, release: &std::path::Path) -> anyhow::Result<(String, &'static str)> {
+    let (held, quick) = held_and_quick(release);
+    let workflow = world.submit(held.as_bytes(), None).await?;
+    world.wait_started(&workflow).await?;
+    Ok((workflow, quick))
+}
+
+/// Whether `events` hold a dispatch of workflow `wf`'s task to w1.
+fn dispatched_to_w1(events: &[flowmesh_domain::Event], wf: &str) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == wf && d.worker_id == "w1"))
+}
+
+/// Submits `document` and waits until its order is dispatched to w1, whose slot is busy: into
+/// its queue. Returns its workflow.
+async fn queued_on_w1(world: &World, document: &str) -> anyhow::Result<String> {
+    let queued = world.submit(document.as_bytes(), None).await?;
+    world.wait_for("an order to reach w1's queue", |events| dispatched_to_w1(events, &queued)).await?;
+    Ok(queued)
+}
+
+/// A world with the control plane and w1, a worker of one slot and a queue of one.
+async fn w1_with_one_queue_place() -> anyhow::Result<World> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let mut config = worker_config(&world, "w1", None);
+    (config.batch_slots, config.prefetch) = (1, 1);
+    world.worker(config).await?;
+    Ok(world)
+}
+
 /// When `task`'s run began on its worker: its `task.started`, or the `started_at` its completion
 /// carries when it ended too fast to report a start.
 fn run_began(events: &[flowmesh_domain::Event], task: &str) -> Option<String> {
@@ -511,18 +545,10 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     assert!(String::from_utf8_lossy(&out.stdout).contains("0/1, queue 0/1"), "{}", tests::output_text(&out));
     // The first task runs until the test lets it end.
     let release = world.dir.path().join("release");
-    let (long, quick) = held_and_quick(&release);
-    let first = world.submit(long.as_bytes(), None).await?;
-    world.wait_started(&first).await?;
-    let dispatched_to_w1 = |events: &[flowmesh_domain::Event], wf: &str| {
-        events
-            .iter()
-            .any(|e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == wf && d.worker_id == "w1"))
-    };
+    let (first, quick) = start_held(&world, &release).await?;
 
     // Queued behind the running task, then cancelled before it ever runs.
-    let cancelled = world.submit(quick.as_bytes(), None).await?;
-    world.wait_for("the second order to reach w1's queue", |events| dispatched_to_w1(events, &cancelled)).await?;
+    let cancelled = queued_on_w1(&world, quick).await?;
     let out = world.cli(&["workflow", "cancel", &cancelled]).await?;
     assert!(out.status.success(), "{}", tests::output_text(&out));
     let events = world.wait_workflow_end(&cancelled).await?;
@@ -534,8 +560,7 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
     assert_eq!(run_began(&events, &format!("{cancelled}-main")), None, "a cancelled queued task never ran");
 
     // Queued again; it runs only once the first has ended.
-    let queued = world.submit(quick.as_bytes(), None).await?;
-    world.wait_for("the third order to reach w1's queue", |events| dispatched_to_w1(events, &queued)).await?;
+    let queued = queued_on_w1(&world, quick).await?;
     // It waits longer than two ack waits (time passing is the scenario here, not a stand-in for
     // an event): progress acks keep the server from delivering it again meanwhile.
     tokio::time::sleep(ack_wait * 5 / 2).await;
@@ -574,23 +599,10 @@ async fn a_prefetching_worker_queues_its_next_order_and_runs_it_when_its_slot_fr
 /// only attempt not spent), and the other worker runs it while the first task still runs.
 #[tokio::test]
 async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<()> {
-    let mut world = World::start().await?;
-    world.control_plane().await?;
-    let mut config = worker_config(&world, "w1", None);
-    (config.batch_slots, config.prefetch) = (1, 1);
-    world.worker(config).await?;
+    let mut world = w1_with_one_queue_place().await?;
     let release = world.dir.path().join("release");
-    let (long, quick) = held_and_quick(&release);
-    let running = world.submit(long.as_bytes(), None).await?;
-    world.wait_started(&running).await?;
-    let queued = world.submit(quick.as_bytes(), None).await?;
-    world
-        .wait_for("the second order to reach w1's queue", |events| {
-            events.iter().any(
-                |e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == queued && d.worker_id == "w1"),
-            )
-        })
-        .await?;
+    let (running, quick) = start_held(&world, &release).await?;
+    let queued = queued_on_w1(&world, quick).await?;
 
     // A worker with a free slot joins while w1's task still runs.
     world.worker(worker_config(&world, "w2", None)).await?;
@@ -606,21 +618,13 @@ async fn a_queued_order_moves_to_a_worker_with_a_free_slot() -> anyhow::Result<(
 /// it in its first queue still runs.
 #[tokio::test]
 async fn a_queued_order_past_its_patience_takes_the_first_slot_to_free() -> anyhow::Result<()> {
-    let mut world = World::start().await?;
-    world.control_plane().await?;
-    let mut config = worker_config(&world, "w1", None);
-    (config.batch_slots, config.prefetch) = (1, 1);
-    world.worker(config).await?;
+    let mut world = w1_with_one_queue_place().await?;
     let (release_1, release_2) = (world.dir.path().join("release-1"), world.dir.path().join("release-2"));
-    let (first, quick) = held_and_quick(&release_1);
-    let (second, _) = held_and_quick(&release_2);
-    let on_w1 = world.submit(first.as_bytes(), None).await?;
-    world.wait_started(&on_w1).await?;
+    let (on_w1, quick) = start_held(&world, &release_1).await?;
     let mut config = worker_config(&world, "w2", None);
     (config.batch_slots, config.prefetch) = (1, 0);
     world.worker(config).await?;
-    let on_w2 = world.submit(second.as_bytes(), None).await?;
-    world.wait_started(&on_w2).await?;
+    start_held(&world, &release_2).await?;
     let queued = world.submit(quick.as_bytes(), None).await?;
 
     let given_back = world
@@ -670,17 +674,8 @@ async fn stopping_worker_hands_back_its_queue(router_down_meanwhile: bool) -> an
         &[("WORKER_BATCH_SLOTS", "1"), ("WORKER_PREFETCH", "1"), ("WORKER_DRAIN_GRACE_SEC", "60")],
     )?;
     let release = world.dir.path().join("release");
-    let (long, quick) = held_and_quick(&release);
-    let running = world.submit(long.as_bytes(), None).await?;
-    world.wait_started(&running).await?;
-    let queued = world.submit(quick.as_bytes(), None).await?;
-    world
-        .wait_for("the second order to reach w1's queue", |events| {
-            events.iter().any(
-                |e| matches!(&e.body, EventBody::TaskDispatched(d) if d.task.workflow_id == queued && d.worker_id == "w1"),
-            )
-        })
-        .await?;
+    let (running, quick) = start_held(&world, &release).await?;
+    let queued = queued_on_w1(&world, quick).await?;
 
     if router_down_meanwhile {
         world.stop("router").await?;
