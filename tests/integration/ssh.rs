@@ -8,22 +8,26 @@ use tests::{World, kinds};
 const IMAGE: &str = "flowmesh-test-busybox:latest";
 const SSHD_IMAGE: &str = "flowmesh-test-sshd:latest";
 
-/// `true` when a Docker engine answers; builds the test image when it is missing.
+/// `true` when a Docker engine answers; builds both test images when either is missing. Once
+/// per test binary: the first test to ask builds them while the others wait, since the script
+/// builds the busybox image first and a test that saw only it went on without the sshd image.
 fn docker_ready() -> bool {
-    let ok = |args: &[&str]| std::process::Command::new("docker").args(args).output().is_ok_and(|o| o.status.success());
-    if !ok(&["info"]) {
-        eprintln!("skipping: no Docker engine answers `docker info`");
-        return false;
-    }
-    if !ok(&["image", "inspect", IMAGE]) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/docker-test-image.sh");
-        let built = std::process::Command::new("bash").arg(script).status().is_ok_and(|s| s.success());
-        assert!(
-            built && ok(&["image", "inspect", IMAGE]),
-            "Docker answers but {IMAGE} could not be built with {script}"
-        );
-    }
-    true
+    static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *READY.get_or_init(|| {
+        let ok =
+            |args: &[&str]| std::process::Command::new("docker").args(args).output().is_ok_and(|o| o.status.success());
+        if !ok(&["info"]) {
+            eprintln!("skipping: no Docker engine answers `docker info`");
+            return false;
+        }
+        let present = || [IMAGE, SSHD_IMAGE].iter().all(|image| ok(&["image", "inspect", image]));
+        if !present() {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tools/docker-test-image.sh");
+            let built = std::process::Command::new("bash").arg(script).status().is_ok_and(|s| s.success());
+            assert!(built && present(), "Docker answers but {IMAGE} or {SSHD_IMAGE} could not be built with {script}");
+        }
+        true
+    })
 }
 
 #[tokio::test]
