@@ -50,12 +50,10 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(report.per_type.get(&TaskKind::Echo), Some(&15));
     assert_eq!(report.per_type.get(&TaskKind::Python), Some(&5));
     assert_eq!(report.workers, 1);
-    // The stack's one worker, as its snapshot says: two batch slots and the default queue.
-    assert_eq!(
-        (report.batch_slots, report.queue_places),
-        (2, flowmesh_worker::config::DEFAULT_PREFETCH),
-        "{report:#?}"
-    );
+    // The stack's one worker, as its snapshot says: two batch slots, and a queue within the
+    // default (its offer follows its runs).
+    assert_eq!(report.batch_slots, 2, "{report:#?}");
+    assert!(report.queue_places <= flowmesh_worker::config::DEFAULT_PREFETCH, "{report:#?}");
     let start = assert_ordered("submit → start", report.submit_to_start_ms, 20);
     let done = assert_ordered("submit → done", report.submit_to_done_ms, 20);
     // Each workflow starts before it ends, so every order statistic of the starts is at most the

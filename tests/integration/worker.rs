@@ -3,6 +3,7 @@
 use flowmesh_domain::EventBody;
 use flowmesh_domain::event::FailureReason;
 use flowmesh_domain::fleet::{Hardware, WorkerSnapshot};
+use futures_util::StreamExt;
 use tests::{World, kinds, worker_config};
 
 async fn snapshot(world: &World, id: &str) -> anyhow::Result<WorkerSnapshot> {
@@ -524,6 +525,71 @@ async fn still_running_then_released(
     std::fs::write(release, b"")?;
     let events = world.wait_workflow_end(held).await?;
     assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    Ok(())
+}
+
+/// Waits until w1's snapshot offers `places` queue places.
+async fn offers(world: &World, places: u32) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let offered = snapshot(world, "w1").await?.prefetch;
+        if offered == places {
+            return Ok(());
+        }
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "w1 offers {offered} queue places, not {places}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// A worker offers the queue its slots can turn over within 100 ms (`queue::QueueDepth`): two
+/// places before it has run anything, all it may hold (`WORKER_PREFETCH`) once its runs are
+/// quick, none once a run holds its slot for a second, and the router then queues nothing on it.
+/// Its snapshot says so at once, not at the next heartbeat.
+#[tokio::test]
+async fn a_worker_offers_a_queue_as_deep_as_its_runs_are_quick() -> anyhow::Result<()> {
+    let mut world = World::start().await?;
+    world.control_plane().await?;
+    let mut config = worker_config(&world, "w1", None);
+    (config.batch_slots, config.prefetch) = (1, 4);
+    // Heartbeats slower than any wait here: each offer below is published when it changes.
+    (config.heartbeat_interval, config.ttl) = (std::time::Duration::from_secs(60), std::time::Duration::from_secs(240));
+    world.worker(config).await?;
+    assert_eq!(snapshot(&world, "w1").await?.prefetch, 2, "nothing measured yet");
+
+    let quick = "apiVersion: flowmesh/v1\nkind: EchoTask\nmetadata: {name: quick}\nspec:\n  taskType: echo\n  data: {type: list, items: [a]}\n";
+    let workflow = world.submit(quick.as_bytes(), None).await?;
+    world.wait_workflow_end(&workflow).await?;
+    offers(&world, 4).await?;
+
+    let long = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: long}\nspec:\n  taskType: python\n  command: 'sleep 1'\n";
+    let workflow = world.submit(long.as_bytes(), None).await?;
+    world.wait_workflow_end(&workflow).await?;
+    offers(&world, 0).await?;
+    let out = world.cli(&["worker", "list"]).await?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("0/1") && !listed.contains("queue"), "{}", tests::output_text(&out));
+
+    // With the slot busy, a next order waits in the router (which says why on the hints
+    // subject), not in w1's queue.
+    let release = world.dir.path().join("release");
+    let (held, quick) = start_held(&world, &release).await?;
+    let mut hints = world.client.subscribe(format!("{}.>", flowmesh_nats::subjects::HINTS_PREFIX)).await?;
+    let waiting = world.submit(quick.as_bytes(), None).await?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    loop {
+        let hint = tokio::time::timeout_at(deadline, hints.next()).await?.expect("a hint");
+        let hint: flowmesh_domain::Event = serde_json::from_slice(&hint.payload)?;
+        if matches!(&hint.body, EventBody::TaskPending(p) if p.task.workflow_id == waiting && p.reason == "busy") {
+            break;
+        }
+    }
+    assert!(!dispatched_to_w1(&world.events(), &waiting), "queued on a worker that offers no queue");
+    std::fs::write(&release, b"")?;
+    for workflow in [held, waiting] {
+        let events = world.wait_workflow_end(&workflow).await?;
+        assert_eq!(events.last().unwrap().body.kind(), "workflow.completed", "{:?}", kinds(&events));
+    }
+    world.shutdown().await;
     Ok(())
 }
 

@@ -14,9 +14,10 @@ pub struct WorkerSnapshot {
     pub supported_task_types: Vec<String>,
     pub executors: Vec<ExecutorInfo>,
     pub slots: Slots,
-    /// Work orders it holds beyond its batch slots, each queued until a slot frees
-    /// (`WORKER_PREFETCH`; 0: none). The router fills such a place only when no eligible worker
-    /// has a free slot, so a prefetched order never waits while another worker idles.
+    /// Work orders it offers to hold beyond its batch slots now, each queued until a slot frees:
+    /// as many as its slots are expected to start within 100 ms, at most `WORKER_PREFETCH`
+    /// (0: none). The router fills such a place only when no eligible worker has a free slot, so
+    /// a prefetched order never waits while another worker idles.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub prefetch: u32,
     /// Orders waiting in that queue now (a slot's `in_use` counts only what runs).

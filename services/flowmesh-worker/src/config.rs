@@ -5,11 +5,13 @@ use flowmesh_domain::ids;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Work orders a worker queues beyond its batch slots unless told otherwise (`WORKER_PREFETCH`).
-/// Two: with the default two slots, a worker of short tasks always has its next order at hand,
-/// and a queued order that could run sooner elsewhere is asked back (ARCHITECTURE, "A worker
-/// may queue orders beyond its slots").
-pub const DEFAULT_PREFETCH: u32 = 2;
+/// The most work orders a worker queues beyond its batch slots unless told otherwise
+/// (`WORKER_PREFETCH`). It offers fewer while its runs are long (`queue::QueueDepth`: as many
+/// as its slots are expected to start within 100 ms, none for runs of a second), so the whole
+/// queue serves only quick tasks, where each hop then carries more orders at once; a queued
+/// order that could run sooner elsewhere is asked back (ARCHITECTURE, "A worker may queue
+/// orders beyond its slots", "A queue as deep as a short wait").
+pub const DEFAULT_PREFETCH: u32 = 16;
 
 /// Flags and environment variables (SPEC §6).
 #[derive(Debug, Clone, clap::Args)]
@@ -32,9 +34,10 @@ pub struct WorkerArgs {
     /// Tasks run at once. Default: 2.
     #[arg(long, env = "WORKER_BATCH_SLOTS", default_value = "2", allow_hyphen_values = true, value_parser = parse::positive_u32)]
     pub worker_batch_slots: u32,
-    /// Work orders held beyond the batch slots, each queued until a slot frees: a worker of
-    /// short tasks then has its next order at hand when one ends; the router asks for one back
-    /// when it could run sooner elsewhere. Default: 2.
+    /// The most work orders held beyond the batch slots, each queued until a slot frees: a
+    /// worker of short tasks then has its next orders at hand when one ends. It offers as many
+    /// as its slots are expected to start within 100 ms (2 before its first run), none while its
+    /// runs are long; the router asks for one back when it could run sooner elsewhere. Default: 16.
     #[arg(long, env = "WORKER_PREFETCH", default_value_t = DEFAULT_PREFETCH, allow_hyphen_values = true, value_parser = parse::count)]
     pub worker_prefetch: u32,
     /// Long-lived services (`serve`) run at once.
@@ -106,7 +109,8 @@ pub struct Config {
     pub cost_per_hour: f64,
     pub batch_slots: u32,
     pub service_slots: u32,
-    /// Batch work orders taken beyond `batch_slots`, waiting for a slot (`WORKER_PREFETCH`).
+    /// The most batch work orders taken beyond `batch_slots`, waiting for a slot
+    /// (`WORKER_PREFETCH`); the snapshot offers fewer while runs are long (`queue::QueueDepth`).
     pub prefetch: u32,
     pub ssh_limits: SshLimits,
     pub ssh_gpu_limit: bool,

@@ -7,6 +7,7 @@ pub mod executor;
 pub mod gpu_subset;
 pub mod hardware;
 pub mod journal;
+pub mod queue;
 mod warm;
 
 pub use config::{Config, WorkerArgs};
@@ -34,6 +35,10 @@ const INLINE_RESULT_BYTES: usize = 64 * 1024;
 /// completed by then is not (its `task.completed` carries `started_at`): a start nobody could
 /// have watched is not worth a stored message.
 const START_REPORT_DELAY: Duration = Duration::from_millis(20);
+
+/// The least time between two snapshots published because the queue offered changed
+/// (`Shared::publish_changed_offer`): an offer near a boundary may change with every run.
+const OFFER_EVERY: Duration = Duration::from_secs(1);
 
 /// A task this worker is running.
 struct Active {
@@ -71,6 +76,12 @@ struct Shared {
     active: Mutex<BTreeMap<String, Active>>,
     /// Run permits, one per slot of each kind: a task runs only holding one of its kind.
     batch_slots: Arc<tokio::sync::Semaphore>,
+    /// The queue it offers (the snapshot's `prefetch`), from how long its runs hold a slot.
+    queue: Mutex<queue::QueueDepth>,
+    /// The offer its latest snapshot made.
+    offered: std::sync::atomic::AtomicU32,
+    /// When a changed offer was last published between heartbeats (`OFFER_EVERY`).
+    offer_published: Mutex<Option<std::time::Instant>>,
     service_slots: Arc<tokio::sync::Semaphore>,
     started_at: String,
     idle_since_ms: Mutex<Option<u64>>,
@@ -202,7 +213,7 @@ impl Shared {
                 batch: SlotCount { total: self.config.batch_slots, in_use: batch_in_use },
                 service: SlotCount { total: self.config.service_slots, in_use: service_in_use },
             },
-            prefetch: self.config.prefetch,
+            prefetch: self.queue.lock().expect("queue lock").places(),
             queued: self.waiting.load(std::sync::atomic::Ordering::SeqCst),
             ssh_limits: supported.iter().any(|t| t == "ssh").then_some(ssh),
             supported_task_types: supported,
@@ -221,11 +232,36 @@ impl Shared {
 
     async fn heartbeat(&self) {
         let snapshot = self.snapshot();
+        self.offered.store(snapshot.prefetch, std::sync::atomic::Ordering::SeqCst);
         self.status.set(serde_json::to_value(&snapshot).unwrap_or_default());
         let bytes = serde_json::to_vec(&snapshot).expect("snapshots serialize");
         if let Err(e) = self.handles.workers.put(&self.config.worker_id, bytes.into()).await {
             warn!(error = %e, "heartbeat failed; will retry at the next interval");
         }
+    }
+
+    /// A batch task held its slot for `took`: the queue offered follows (`queue::QueueDepth`).
+    fn ran(&self, took: Duration) {
+        self.queue.lock().expect("queue lock").ran(took);
+    }
+
+    /// Publishes a snapshot at once when the queue offered has changed since the last one, at
+    /// most once per `OFFER_EVERY`; a change within it waits for a later run or the heartbeat.
+    /// Heartbeats are seconds apart, and a worker of quick tasks (or one whose tasks turned long)
+    /// should not offer its old queue that long.
+    async fn publish_changed_offer(&self) {
+        let places = self.queue.lock().expect("queue lock").places();
+        if places == self.offered.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        {
+            let mut published = self.offer_published.lock().expect("offer lock");
+            if published.is_some_and(|at| at.elapsed() < OFFER_EVERY) {
+                return;
+            }
+            *published = Some(std::time::Instant::now());
+        }
+        self.heartbeat().await;
     }
 
     /// Publishes a report, retrying until the stream stores it, or until a stopping worker gives
@@ -291,6 +327,9 @@ pub async fn run(
         // A kind with no slots still runs one task: the router sends none, so that only serves
         // an order sent on an older snapshot.
         batch_slots: Arc::new(tokio::sync::Semaphore::new(config.batch_slots.max(1) as usize)),
+        queue: Mutex::new(queue::QueueDepth::new(config.prefetch, config.batch_slots)),
+        offered: std::sync::atomic::AtomicU32::new(0),
+        offer_published: Mutex::new(None),
         service_slots: Arc::new(tokio::sync::Semaphore::new(config.service_slots.max(1) as usize)),
         started_at: clock::now_rfc3339(),
         idle_since_ms: Mutex::new(Some(clock::now_ms())),
@@ -609,9 +648,13 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
         }
         let event = match take_turn(shared, &order, &message, stopping).await {
             Turn::Run(slot, cancel) => {
+                let began = std::time::Instant::now();
                 let event = execute(shared, &order, &message, cancel).await;
                 // The slot is free once the task ended: a queued order runs while this reports.
                 drop(slot);
+                if !uses_service_slot(&order.task_type) {
+                    shared.ran(began.elapsed());
+                }
                 event
             }
             Turn::Released => Event::new(
@@ -648,6 +691,7 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
         if let Err(e) = message.ack().await {
             warn!(error = %e, "ack failed after the report was stored; a redelivery will re-send it");
         }
+        shared.publish_changed_offer().await;
     }
     .instrument(span)
     .await;

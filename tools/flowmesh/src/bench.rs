@@ -293,7 +293,8 @@ pub struct Report {
     pub per_type: BTreeMap<TaskKind, usize>,
     /// Live workers serving the mix when the run began.
     pub workers: usize,
-    /// Their batch slots, and the orders they queue beyond them (`prefetch`), all together.
+    /// Their batch slots, and the orders they offered to queue beyond them (`prefetch`) at the
+    /// run's end, all together: a worker offers its queue as its runs allow.
     #[serde(default)]
     pub batch_slots: u32,
     #[serde(default)]
@@ -383,6 +384,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     let after = stream_sequences(js).await?;
+    let queue_places = offered_queue(js, &fleet).await?;
     let stored: BTreeMap<String, u64> = after
         .iter()
         .map(|(name, seq)| (name.clone(), seq.saturating_sub(before.get(name).copied().unwrap_or(0))))
@@ -405,7 +407,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         per_type,
         workers: fleet.len(),
         batch_slots: fleet.iter().map(|w| w.slots.batch.total).sum(),
-        queue_places: fleet.iter().map(|w| w.prefetch).sum(),
+        queue_places,
         submitted: p.submitted,
         completed: p.completed,
         failed: p.failures.len(),
@@ -476,6 +478,13 @@ async fn wait_for_fleet(
         // Polling a KV bucket while a fresh stack's workers come up; a CLI wait, not a test's.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The queue places the measured workers offer now, all together, as their latest snapshots
+/// say (one that is gone counts as it was at the start).
+async fn offered_queue(js: &jetstream::Context, fleet: &[WorkerSnapshot]) -> anyhow::Result<u32> {
+    let now = views::workers(js).await?;
+    Ok(fleet.iter().map(|w| now.iter().find(|(n, _)| n.id == w.id).map_or(w.prefetch, |(n, _)| n.prefetch)).sum())
 }
 
 /// What the event follower saw happen to a workflow, and when it saw it.
