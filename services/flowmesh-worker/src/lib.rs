@@ -248,10 +248,14 @@ impl Shared {
     /// Publishes a snapshot at once when the queue offered has changed since the last one, at
     /// most once per `OFFER_EVERY`; a change within it waits for a later run or the heartbeat.
     /// Heartbeats are seconds apart, and a worker of quick tasks (or one whose tasks turned long)
-    /// should not offer its old queue that long.
+    /// should not offer its old queue that long. A draining worker takes no work, so its offer no
+    /// longer matters, and its tasks' last step does not wait on a snapshot (a drain may be
+    /// riding out an outage).
     async fn publish_changed_offer(&self) {
         let places = self.queue.lock().expect("queue lock").places();
-        if places == self.offered.load(std::sync::atomic::Ordering::SeqCst) {
+        if places == self.offered.load(std::sync::atomic::Ordering::SeqCst)
+            || self.draining.load(std::sync::atomic::Ordering::SeqCst)
+        {
             return;
         }
         {
