@@ -7,12 +7,26 @@ use futures_util::StreamExt;
 use tests::{World, kinds, worker_config};
 
 async fn snapshot(world: &World, id: &str) -> anyhow::Result<WorkerSnapshot> {
+    snapshot_where(world, id, |_| true).await
+}
+
+/// `id`'s snapshot once one in the bucket satisfies `wanted`.
+async fn snapshot_where(
+    world: &World,
+    id: &str,
+    wanted: impl Fn(&WorkerSnapshot) -> bool,
+) -> anyhow::Result<WorkerSnapshot> {
     let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    let mut last = None;
     loop {
         if let Some(bytes) = world.handles.workers.get(id).await? {
-            return Ok(serde_json::from_slice(&bytes)?);
+            let snapshot: WorkerSnapshot = serde_json::from_slice(&bytes)?;
+            if wanted(&snapshot) {
+                return Ok(snapshot);
+            }
+            last = Some(snapshot);
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no snapshot for {id}");
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "no snapshot for {id} as wanted; the last: {last:?}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
@@ -528,19 +542,6 @@ async fn still_running_then_released(
     Ok(())
 }
 
-/// Waits until w1's snapshot offers `places` queue places.
-async fn offers(world: &World, places: u32) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-    loop {
-        let offered = snapshot(world, "w1").await?.prefetch;
-        if offered == places {
-            return Ok(());
-        }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "w1 offers {offered} queue places, not {places}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// A worker offers the queue its slots can turn over within 100 ms (`queue::QueueDepth`): two
 /// places before it has run anything, all it may hold (`WORKER_PREFETCH`) once its runs are
 /// quick, none once a run holds its slot for a second, and the router then queues nothing on it.
@@ -559,12 +560,12 @@ async fn a_worker_offers_a_queue_as_deep_as_its_runs_are_quick() -> anyhow::Resu
     let quick = "apiVersion: flowmesh/v1\nkind: EchoTask\nmetadata: {name: quick}\nspec:\n  taskType: echo\n  data: {type: list, items: [a]}\n";
     let workflow = world.submit(quick.as_bytes(), None).await?;
     world.wait_workflow_end(&workflow).await?;
-    offers(&world, 4).await?;
+    snapshot_where(&world, "w1", |s| s.prefetch == 4).await?;
 
     let long = "apiVersion: flowmesh/v1\nkind: Python\nmetadata: {name: long}\nspec:\n  taskType: python\n  command: 'sleep 1'\n";
     let workflow = world.submit(long.as_bytes(), None).await?;
     world.wait_workflow_end(&workflow).await?;
-    offers(&world, 0).await?;
+    snapshot_where(&world, "w1", |s| s.prefetch == 0).await?;
     let out = world.cli(&["worker", "list"]).await?;
     let listed = String::from_utf8_lossy(&out.stdout);
     assert!(listed.contains("0/1") && !listed.contains("queue"), "{}", tests::output_text(&out));
