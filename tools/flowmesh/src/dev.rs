@@ -17,8 +17,8 @@ pub struct StackOptions {
     pub workers: usize,
     /// Batch slots of every worker; the worker's default when `None`.
     pub batch_slots: Option<u32>,
-    /// Work orders every worker queues beyond its batch slots (`WORKER_PREFETCH`); the worker's
-    /// default when `None`.
+    /// The most work orders every worker queues beyond its batch slots (`WORKER_PREFETCH`); the
+    /// worker's default when `None`.
     pub prefetch: Option<u32>,
     /// Simulated hardware for every worker (`--worker-hw`).
     pub worker_hw: Option<Hardware>,

@@ -38,8 +38,9 @@ pub struct Args {
     /// With --dev: batch slots per worker (tasks each runs at once); the worker's default when unset.
     #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(1..=1024))]
     slots: Option<u32>,
-    /// With --dev: work orders each worker queues beyond its slots, to have its next one at hand
-    /// when a task ends (WORKER_PREFETCH); the worker's default when unset.
+    /// With --dev: the most work orders each worker queues beyond its slots, to have its next
+    /// ones at hand when a task ends (WORKER_PREFETCH; it offers fewer while its runs are long);
+    /// the worker's default when unset.
     #[arg(long, requires = "dev", value_parser = clap::value_parser!(u32).range(0..=1024))]
     prefetch: Option<u32>,
     /// With --dev: the nats-server binary (default: from PATH).
