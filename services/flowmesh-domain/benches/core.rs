@@ -121,6 +121,11 @@ fn fleet(n: usize, rng: &mut Rng) -> Vec<WorkerSnapshot> {
 }
 
 const STRATEGY: Strategy = Strategy::BestFit;
+
+/// The one-task echo workflow `flowmesh bench` submits (`TaskKind::document`).
+fn flowmesh_domain_bench_echo() -> String {
+    "apiVersion: flowmesh/v1\nmetadata:\n  name: bench-echo-7\n  owner: flowmesh-bench\nkind: EchoTask\nspec:\n  taskType: echo\n  resources:\n    hardware:\n      cpu: 1\n      memory: 64Mi\n  maxAttempts: 1\n  data:\n    type: list\n    items:\n      - bench\n".to_owned()
+}
 fn main() {
     let budget = Duration::from_millis(1500);
     println!("## validation (decode + schema + semantics), one core");
@@ -147,6 +152,32 @@ fn main() {
             1
         });
         println!("| {name} | {} | {full:.0} | {base:.0} | {:.2}x decode time |", doc.len(), base / full);
+    }
+
+    println!("\n## decoding YAML: the block shape read directly against the parser alone, one core");
+    println!("| document | bytes | decodings/s | serde-saphyr/s (baseline) | ratio |");
+    println!("|---|---|---|---|---|");
+    let bench_echo = flowmesh_domain_bench_echo().into_bytes();
+    for (name, doc) in [
+        ("the bench's echo workflow", &bench_echo),
+        ("single task (echo.yaml)", &single),
+        ("typical (sft_then_inference.yaml)", &typical),
+        ("large (200 stages)", &large),
+    ] {
+        let text = std::str::from_utf8(doc).unwrap();
+        let parsed: serde_json::Value = serde_saphyr::from_str_with_options(text, decode::yaml_options()).unwrap();
+        assert_eq!(decode::decode(doc).unwrap(), parsed);
+        let direct = rate(budget, || {
+            black_box(decode::decode(black_box(doc)).is_ok());
+            1
+        });
+        let base = rate(budget, || {
+            let value: Result<serde_json::Value, _> =
+                serde_saphyr::from_str_with_options(black_box(text), decode::yaml_options());
+            black_box(value.is_ok());
+            1
+        });
+        println!("| {name} | {} | {direct:.0} | {base:.0} | {:.1}x faster |", doc.len(), direct / base);
     }
 
     println!("\n## placement, one core (realistic mix: half the workers with 1-8 GPUs, 12 task types)");
