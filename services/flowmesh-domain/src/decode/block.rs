@@ -97,7 +97,7 @@ impl<'a> Reader<'a> {
             let value = if rest.is_empty() {
                 self.nested(indent, depth + 1, true)?
             } else {
-                let value = scalar(rest)?;
+                let value = scalar(rest, depth + 1)?;
                 if !self.ended(indent) {
                     return None;
                 }
@@ -132,7 +132,7 @@ impl<'a> Reader<'a> {
                 items.push(self.mapping(column, depth + 1)?);
             } else {
                 self.at += 1;
-                items.push(scalar(content)?);
+                items.push(scalar(content, depth + 1)?);
                 if !self.ended(indent) {
                     return None;
                 }
@@ -170,14 +170,14 @@ fn special_word(word: &str) -> bool {
     WORDS.iter().any(|w| w.eq_ignore_ascii_case(word))
 }
 
-/// A one-line value after a key or dash, with any trailing comment: a scalar, or a flow
-/// collection that closes on its line.
-fn scalar(text: &str) -> Option<Value> {
+/// A one-line value after a key or dash, at `depth`, with any trailing comment: a scalar, or a
+/// flow collection that closes on its line.
+fn scalar(text: &str, depth: usize) -> Option<Value> {
     let (value, rest) = match text.as_bytes()[0] {
         b'\'' | b'"' => quoted(text).map(|(s, rest)| (Value::String(s), rest))?,
         b'[' | b'{' => {
             let mut flow = Flow { text, at: 0 };
-            (flow.node(0)?, &text[flow.at..])
+            (flow.node(depth)?, &text[flow.at..])
         }
         _ => return resolve(plain(text)?),
     };
@@ -412,6 +412,9 @@ mod tests {
             "a: [1,\n  2]\n",
             "a: [1] x\n",
             "a: [[1]\n",
+            // Deeper than the budget only in block and flow levels together.
+            &((0..40).map(|i| format!("{}k:\n", " ".repeat(2 * i))).collect::<String>()
+                + &format!("{}k: {}1{}\n", " ".repeat(80), "[".repeat(30), "]".repeat(30))),
             "a: &x 1\nb: *x\n",
             "a: !!str 1\n",
             "a: |\n  text\n",
