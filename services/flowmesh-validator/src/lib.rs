@@ -193,8 +193,9 @@ type Document = Option<(bytes::Bytes, String)>;
 type Verdict = Option<(String, Result<Workflow, Vec<Problem>>)>;
 
 /// The most submission bytes a batch may hold and still be validated on the async worker that
-/// took it: one typical document (1.8 KB, about 170 µs of work on the project's machine; see
-/// BENCHMARKS) or a few small ones. Under load batches are larger and go to a blocking thread.
+/// took it: one typical document (1.8 KB: about 110 µs of work on a slow day of the project's
+/// machine, 350 µs where the YAML parser reads it; BENCHMARKS, the core tables) or a few small
+/// ones. Under load batches are larger and go to a blocking thread.
 const VALIDATE_IN_PLACE_BYTES: usize = 2 * 1024;
 
 /// Whether a batch is cheap enough to validate without a hand-off: small, and with no `&` or
