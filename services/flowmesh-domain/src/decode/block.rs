@@ -146,14 +146,10 @@ fn is_item(text: &str) -> bool {
     text == "-" || text.starts_with("- ")
 }
 
-/// `key: rest` with a plain key of letters, digits and `_-./` that begins with a letter or `_`
-/// and is not a word the core schema reads as null or a boolean; `rest` is empty where only a
-/// comment follows.
+/// `key: rest` with a `plain_key`; `rest` is empty where only a comment follows.
 fn split_key(text: &str) -> Option<(&str, &str)> {
-    let end = text.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')))?;
-    let (key, after) = text.split_at(end);
-    let first = key.chars().next()?;
-    if !(first.is_ascii_alphabetic() || first == '_') || special_word(key) {
+    let (key, after) = text.split_at(text.find(':')?);
+    if !plain_key(key) {
         return None;
     }
     let rest = after.strip_prefix(':')?;
@@ -162,6 +158,14 @@ fn split_key(text: &str) -> Option<(&str, &str)> {
     }
     let rest = rest.strip_prefix(' ')?.trim_start_matches(' ');
     Some((key, if rest.starts_with('#') { "" } else { rest }))
+}
+
+/// A key of letters, digits and `_-./` that begins with a letter or `_` and is not a word some
+/// schema reads as other than a string: what both schemas read as the same string.
+fn plain_key(key: &str) -> bool {
+    key.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'))
+        && !special_word(key)
 }
 
 /// Words some YAML schema reads as other than a string, in any case.
@@ -312,13 +316,7 @@ impl<'a> Flow<'a> {
         self.items(b'{', b'}', |flow| {
             let end = flow.rest().find(':')?;
             let key = &flow.rest()[..end];
-            let first = key.chars().next()?;
-            let plain_key = key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/'));
-            if !plain_key
-                || !(first.is_ascii_alphabetic() || first == '_')
-                || special_word(key)
-                || map.contains_key(key)
-            {
+            if !plain_key(key) || map.contains_key(key) {
                 return None;
             }
             flow.at += end + 1;
