@@ -15,6 +15,7 @@
 use crate::error::EdgeError;
 use crate::subjects;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage, publish::PublishAck};
+use bytes::Bytes;
 use flowmesh_domain::Event;
 use flowmesh_domain::event::Author;
 use std::io::Read;
@@ -25,7 +26,8 @@ pub struct InFlight {
     ack: PublishAckFuture,
     subject: String,
     msg_id: String,
-    payload: Vec<u8>,
+    /// Shared with the message sent, not copied: kept only to check a duplicate's copy.
+    payload: Bytes,
 }
 
 /// What became of a message: stored as sent (a retry finding its own earlier copy included), or
@@ -70,6 +72,7 @@ pub async fn send(
     msg_id: &str,
     payload: Vec<u8>,
 ) -> Result<InFlight, EdgeError> {
+    let payload = Bytes::from(payload);
     let ack = publish_json(js, subject.clone(), msg_id, payload.clone()).await?;
     Ok(InFlight { ack, subject, msg_id: msg_id.to_owned(), payload })
 }
@@ -87,17 +90,28 @@ pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Autho
 }
 
 /// What became of a message whose ack came back: for a duplicate that no copy stands for,
-/// stores it again under an unpredictable id.
+/// stores it again under an unpredictable id. A duplicate is rare and takes requests of its
+/// own; its future is boxed, so that every writer's publish, waiting for its ack, stays small.
 async fn settle(
     js: &jetstream::Context,
     ack: PublishAck,
     subject: String,
     msg_id: &str,
-    payload: Vec<u8>,
+    payload: Bytes,
 ) -> Result<Settled, EdgeError> {
     if !ack.duplicate {
         return Ok(Settled::Written(ack.sequence));
     }
+    Box::pin(settle_duplicate(js, ack, subject, msg_id, payload)).await
+}
+
+async fn settle_duplicate(
+    js: &jetstream::Context,
+    ack: PublishAck,
+    subject: String,
+    msg_id: &str,
+    payload: Bytes,
+) -> Result<Settled, EdgeError> {
     let what = || format!("the message behind duplicate {} of {}", ack.sequence, ack.stream);
     let stream = js.get_stream_no_info(&ack.stream).await.map_err(|e| EdgeError::transient(what(), e))?;
     let copy = stream.get_raw_message(ack.sequence).await.map_err(|e| EdgeError::transient(what(), e))?;
@@ -195,9 +209,9 @@ async fn publish_json(
     js: &jetstream::Context,
     subject: String,
     msg_id: &str,
-    payload: Vec<u8>,
+    payload: Bytes,
 ) -> Result<PublishAckFuture, EdgeError> {
-    js.send_publish(subject.clone(), PublishMessage::build().payload(payload.into()).message_id(msg_id))
+    js.send_publish(subject.clone(), PublishMessage::build().payload(payload).message_id(msg_id))
         .await
         .map_err(|e| EdgeError::transient(format!("publish to {subject}"), e))
 }

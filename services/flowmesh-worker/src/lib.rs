@@ -852,7 +852,7 @@ async fn execute(
         if uses_files {
             prepare_dirs(&work_dir, &output_dir)
                 .map_err(|e| ExecError::Retryable(format!("preparing {}: {e}", work_dir.display())))?;
-            fetch_inputs(shared, order, &work_dir).await?;
+            Box::pin(fetch_inputs(shared, order, &work_dir)).await?;
         }
         let ctx = TaskContext {
             order: Arc::clone(order),
@@ -866,16 +866,17 @@ async fn execute(
         if uses_files {
             let running =
                 tail_logs(&shared.client, &shared.config.worker_id, &order.task_id, &work_dir, executor.run(&ctx));
-            with_progress(message, shared.config.ack_wait, running).await
+            Box::pin(with_progress(message, shared.config.ack_wait, running)).await
         } else if at_once {
             executor.run(&ctx).await
         } else {
-            with_progress(message, shared.config.ack_wait, executor.run(&ctx)).await
+            Box::pin(with_progress(message, shared.config.ack_wait, executor.run(&ctx))).await
         }
     };
     // A task that completes within `START_REPORT_DELAY` reports no `task.started`: its
     // completion carries `started_at`. Any other is reported started first; that start's ack is
     // taken while the task runs (one task, no spawn), and it is stored before the end is reported.
+    // What only a longer task does is boxed (see `Executor::run`): an echo's task stays small.
     tokio::pin!(outcome);
     let early = tokio::time::timeout(START_REPORT_DELAY, &mut outcome).await;
     let (outcome, start_reported) = match early {
@@ -884,26 +885,29 @@ async fn execute(
             (Ok(result), false)
         }
         early => {
-            let task = TaskStarted { task: task_ref(order), worker_id: worker_id.clone() };
-            let started = Event::new(EventBody::TaskStarted(task), started_at.clone(), 0);
-            let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
-            let _ = start_gate.send(());
-            let start_stored = async {
-                match start {
-                    Some(start) => start.stored(&shared.handles.js).await.is_ok(),
-                    None => false,
+            Box::pin(async {
+                let task = TaskStarted { task: task_ref(order), worker_id: worker_id.clone() };
+                let started = Event::new(EventBody::TaskStarted(task), started_at.clone(), 0);
+                let start = publish::send_event(&shared.handles.js, &started, Author::Worker(&worker_id)).await.ok();
+                let _ = start_gate.send(());
+                let start_stored = async {
+                    match start {
+                        Some(start) => start.stored(&shared.handles.js).await.is_ok(),
+                        None => false,
+                    }
+                };
+                let (outcome, start_stored) = match early {
+                    Ok(ended) => (ended, start_stored.await),
+                    Err(_) => tokio::join!(outcome, start_stored),
+                };
+                if !start_stored {
+                    // The terminal report (journalled) carries `started_at`; a start given up on by a
+                    // stopping worker is not needed to fold the task's end.
+                    let _ = shared.report(&started).await;
                 }
-            };
-            let (outcome, start_stored) = match early {
-                Ok(ended) => (ended, start_stored.await),
-                Err(_) => tokio::join!(outcome, start_stored),
-            };
-            if !start_stored {
-                // The terminal report (journalled) carries `started_at`; a start given up on by a
-                // stopping worker is not needed to fold the task's end.
-                let _ = shared.report(&started).await;
-            }
-            (outcome, true)
+                (outcome, true)
+            })
+            .await
         }
     };
     drop(updates_tx);
@@ -912,7 +916,7 @@ async fn execute(
     }
     let storing = std::time::Instant::now();
     if uses_files {
-        store_logs(shared, order, &work_dir).await;
+        Box::pin(store_logs(shared, order, &work_dir)).await;
     }
     let task = task_ref(order);
     let outcome_name = match &outcome {
@@ -1210,12 +1214,12 @@ async fn put_object(shared: &Shared, name: &str, source: Source<'_>) -> Result<(
         };
         Ok((info.size as u64, info.digest.unwrap_or_default()))
     };
-    shared.uploading.retry(&format!("storing {name}"), put, |e| matches!(e, Upload::Transient(_))).await.map_err(
-        |gave_up| match gave_up.last {
+    Box::pin(shared.uploading.retry(&format!("storing {name}"), put, |e| matches!(e, Upload::Transient(_))))
+        .await
+        .map_err(|gave_up| match gave_up.last {
             Upload::Permanent(why) => why,
             Upload::Transient(why) => format!("storing {name} in {}: {why}", shared.config.artifacts_bucket),
-        },
-    )
+        })
 }
 
 /// Why one upload attempt failed: a file that cannot be read stays unreadable; the store may answer

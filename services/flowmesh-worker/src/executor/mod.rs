@@ -116,13 +116,16 @@ impl Executor {
         }
     }
 
+    /// Runs one task. The executors that start processes or containers hold kilobytes of state
+    /// while they wait; their futures are boxed, so a worker's task (moved whole when it is
+    /// spawned, and at each await that builds a future) stays small for the echo that holds none.
     pub async fn run(&self, ctx: &TaskContext) -> Result<Value, ExecError> {
         match self {
             Executor::Echo => echo::run(ctx),
-            Executor::Python { interpreter } => python::run(interpreter, ctx).await,
-            Executor::Plugin(p) => p.run(ctx).await,
-            Executor::Ssh(s) => s.run(ctx).await,
-            Executor::Runner(r) => r.run(ctx).await,
+            Executor::Python { interpreter } => Box::pin(python::run(interpreter, ctx)).await,
+            Executor::Plugin(p) => Box::pin(p.run(ctx)).await,
+            Executor::Ssh(s) => Box::pin(s.run(ctx)).await,
+            Executor::Runner(r) => Box::pin(r.run(ctx)).await,
             Executor::Unavailable(u) => {
                 Err(ExecError::Permanent(format!("runner {} is not available: {}", u.name, u.reason)))
             }
