@@ -17,6 +17,7 @@ use crate::work::WorkOrder;
 use crate::workflow::condition_text;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
@@ -603,7 +604,7 @@ fn merge_key(wf: &WorkflowState, t: &TaskState) -> Option<String> {
     if t.def.task_type != "inference" {
         return None;
     }
-    merge_key_of(&t.def.task_type, resolve_spec(wf, t).ok()?)
+    merge_key_of(&t.def.task_type, resolve(wf, t).ok()?.spec.into_owned())
 }
 
 /// The merge key of a resolved spec (see `merge_key`); `None` for what is never merged.
@@ -893,7 +894,7 @@ fn decide_waiting(
     match index.place(&remembered.request, &t.def.stage, &t.def.task_id, config.strategy, &t.failed_on, now_ms) {
         Placement::Chosen { worker_id, score, explanation, queued } => {
             // Resolution is deterministic: what resolved in an earlier round resolves the same now.
-            let spec = match resolved.map_or_else(|| resolve_spec(wf, t), |spec| Ok(spec.into_owned())) {
+            let spec = match resolved.map_or_else(|| resolve_spec(wf, t), |spec| Ok(shared(spec, t))) {
                 Ok(spec) => spec,
                 Err(message) => return fail(FailureReason::SpecResolutionFailed, message),
             };
@@ -1034,8 +1035,8 @@ fn on_a_free_slot_elsewhere(
 }
 
 /// The task's spec with its placeholders (and echo references) resolved from upstream results.
-pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<serde_json::Value, String> {
-    resolve(wf, t).map(|resolved| resolved.spec.into_owned())
+pub fn resolve_spec(wf: &WorkflowState, t: &TaskState) -> Result<Arc<serde_json::Value>, String> {
+    resolve(wf, t).map(|resolved| shared(resolved.spec, t))
 }
 
 /// A spec as it will be dispatched, and whether resolution rewrote any of it.
@@ -1049,12 +1050,24 @@ pub struct Resolved<'a> {
     pub rewritten: bool,
 }
 
+/// A resolved spec as a work order holds it: the task's own, shared, where nothing was
+/// rewritten (`t` is the task it was resolved for, whose spec a borrowed one is).
+fn shared(spec: Cow<'_, serde_json::Value>, t: &TaskState) -> Arc<serde_json::Value> {
+    match spec {
+        Cow::Borrowed(_) => Arc::clone(&t.def.spec),
+        Cow::Owned(spec) => Arc::new(spec),
+    }
+}
+
 /// `resolve_spec`, saying whether anything was rewritten.
 pub fn resolve<'a>(wf: &WorkflowState, t: &'a TaskState) -> Result<Resolved<'a>, String> {
     let upstream = WorkflowUpstream(wf);
     let placeholders = template::contains_placeholder(&t.def.spec);
-    let spec =
-        if placeholders { Cow::Owned(template::resolve(&t.def.spec, &upstream)?) } else { Cow::Borrowed(&t.def.spec) };
+    let spec = if placeholders {
+        Cow::Owned(template::resolve(&t.def.spec, &upstream)?)
+    } else {
+        Cow::Borrowed(t.def.spec.as_ref())
+    };
     if t.def.task_type == "echo" && !echo::references(&spec).is_empty() {
         return Ok(Resolved { spec: Cow::Owned(echo::resolve_items(spec.into_owned(), &upstream)?), rewritten: true });
     }
@@ -1062,7 +1075,7 @@ pub fn resolve<'a>(wf: &WorkflowState, t: &'a TaskState) -> Result<Resolved<'a>,
 }
 
 /// The work order for the task's current attempt.
-pub fn work_order(wf: &WorkflowState, t: &TaskState, spec: serde_json::Value) -> WorkOrder {
+pub fn work_order(wf: &WorkflowState, t: &TaskState, spec: Arc<serde_json::Value>) -> WorkOrder {
     let upstream: BTreeMap<String, String> =
         t.def.depends_on.iter().filter_map(|d| wf.task(d).map(|u| (d.clone(), u.def.task_id.clone()))).collect();
     let upstream_artifacts =

@@ -66,7 +66,7 @@ mod tests {
         let text = serde_json::to_string(&wf).unwrap();
         assert!(!text.contains("root-key") && !text.contains("b-key"), "{text}");
         for (stage, key) in [("a", "root-key"), ("b", "b-key")] {
-            let mut spec = wf.tasks.iter().find(|t| t.stage == stage).unwrap().spec.clone();
+            let mut spec = serde_json::Value::clone(&wf.tasks.iter().find(|t| t.stage == stage).unwrap().spec);
             assert!(is_redacted(&spec));
             restore(&mut spec, DOC.as_bytes(), stage).unwrap();
             assert_eq!(spec["apiKey"], key);

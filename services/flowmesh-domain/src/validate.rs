@@ -281,7 +281,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
             stage: stage.name.clone(),
             task_type,
             depends_on: deps[i].iter().map(|&d| stages[d].name.clone()).collect(),
-            spec: merged,
+            spec: merged.into(),
             condition,
             max_attempts,
             selected_workers: hints.for_stage(&stage.name),

@@ -14,8 +14,9 @@ pub struct WorkOrder {
     pub stage: String,
     pub attempt: u32,
     pub task_type: String,
-    /// The merged spec with every placeholder resolved.
-    pub spec: Value,
+    /// The merged spec with every placeholder resolved; the task's own (shared, not copied)
+    /// where resolution rewrote nothing.
+    pub spec: std::sync::Arc<Value>,
     /// Upstream stage name → its task id.
     #[serde(default)]
     pub upstream: std::collections::BTreeMap<String, String>,

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// An accepted workflow, as recorded in `submission.accepted`. Tasks are in a topological order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,8 +23,10 @@ pub struct TaskDef {
     /// Stage names this task waits for (direct dependencies only).
     #[serde(default)]
     pub depends_on: Vec<String>,
-    /// The stage spec deep-merged over the root spec; placeholders are still unresolved.
-    pub spec: Value,
+    /// The stage spec deep-merged over the root spec; placeholders are still unresolved. Shared
+    /// with the work order of every attempt whose resolution rewrites nothing
+    /// (`schedule::resolve_spec`): dispatching copies no spec.
+    pub spec: Arc<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub condition: Option<Condition>,
     pub max_attempts: u32,

@@ -257,7 +257,7 @@ fn a_fold_reads_a_dispatch_without_its_order() {
         stage: "main".into(),
         attempt: 1,
         task_type: "echo".into(),
-        spec: serde_json::json!({"taskType": "echo", "data": {"type": "list", "items": ["a", {"b": [1]}]}}),
+        spec: serde_json::json!({"taskType": "echo", "data": {"type": "list", "items": ["a", {"b": [1]}]}}).into(),
         upstream: Default::default(),
         upstream_artifacts: Default::default(),
         upstream_results: Default::default(),

@@ -320,7 +320,7 @@ fn the_running_workflows_walked_in_place_are_those_walked_in_order() {
     for seq in 1..=5 {
         // Each asks something else, so that none is merged into another's execution.
         let EventBody::SubmissionAccepted(mut accepted) = accepted(seq) else { unreachable!() };
-        let spec = &mut accepted.workflow.tasks[0].spec;
+        let spec = std::sync::Arc::make_mut(&mut accepted.workflow.tasks[0].spec);
         spec["data"]["items"] = json!([format!("question {seq}")]);
         apply(&mut state, EventBody::SubmissionAccepted(accepted));
     }

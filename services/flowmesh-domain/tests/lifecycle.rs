@@ -14,6 +14,7 @@ use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A small worker with one batch slot, so a second task has to wait.
 fn worker(id: &str, types: &[&str]) -> WorkerSnapshot {
@@ -113,7 +114,16 @@ impl Scenario {
                     self.apply(body);
                 }
                 Action::Dispatch { event, order } => {
-                    sent.push((event.worker_id.clone(), order.stage.clone(), order.attempt, order.spec.clone()));
+                    // A spec that resolution left as it was is the task's own: shared with the
+                    // fold, never copied per dispatch.
+                    let own = &self.state.task(&order.task_id).expect("a dispatched task is known").def.spec;
+                    assert_eq!(
+                        Arc::ptr_eq(own, &order.spec),
+                        **own == *order.spec,
+                        "{}: an unchanged spec is shared, a rewritten one is the order's own",
+                        order.stage
+                    );
+                    sent.push((event.worker_id.clone(), order.stage.clone(), order.attempt, Value::clone(&order.spec)));
                     self.apply(EventBody::TaskDispatched(event));
                 }
             }

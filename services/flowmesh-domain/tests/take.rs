@@ -12,7 +12,7 @@ fn order(spec: serde_json::Value) -> WorkOrder {
         stage: "main".into(),
         attempt: 1,
         task_type: "echo".into(),
-        spec,
+        spec: spec.into(),
         upstream: Default::default(),
         upstream_artifacts: Default::default(),
         upstream_results: Default::default(),
@@ -97,7 +97,7 @@ fn a_worker_takes_only_orders_meant_for_it() {
     ];
     for (what, suffix, payload, want) in rows {
         let got = match take("w1", suffix, &payload) {
-            Ok(Some(order)) => Want::Order(order.spec),
+            Ok(Some(order)) => Want::Order(serde_json::Value::clone(&order.spec)),
             Ok(None) => Want::OnWorkSubject,
             Err(e) => match &want {
                 Want::Refused(piece) if e.contains(piece) => Want::Refused(piece),

@@ -18,5 +18,5 @@ pub async fn restore(js: &jetstream::Context, order: &mut WorkOrder) -> Result<(
         .get_raw_message(seq)
         .await
         .map_err(|e| format!("submission {seq} of {} is not readable: {e}", order.workflow_id))?;
-    secret::restore(&mut order.spec, &message.payload, &order.stage)
+    secret::restore(std::sync::Arc::make_mut(&mut order.spec), &message.payload, &order.stage)
 }

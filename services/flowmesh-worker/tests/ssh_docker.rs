@@ -89,7 +89,7 @@ fn task(name: &str, spec: Value) -> (Trigger, TaskContext, tempfile::TempDir) {
         stage: name.to_owned(),
         attempt: 1,
         task_type: "ssh".to_owned(),
-        spec,
+        spec: spec.into(),
         upstream: BTreeMap::new(),
         upstream_artifacts: BTreeMap::new(),
         upstream_results: BTreeMap::new(),

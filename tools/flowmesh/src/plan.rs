@@ -105,7 +105,7 @@ pub fn plan(
                     }
                     Placement::Pending(explanation) => (None, explanation.message),
                 };
-            let merges_with = flowmesh_domain::schedule::merge_key_of(&t.task_type, t.spec.clone())
+            let merges_with = flowmesh_domain::schedule::merge_key_of(&t.task_type, serde_json::Value::clone(&t.spec))
                 .and_then(|key| leaders.get(&key).cloned());
             let summary = match &merges_with {
                 Some(leader) => format!("would be merged with {leader} (an identical request already queued or running); otherwise {summary}"),

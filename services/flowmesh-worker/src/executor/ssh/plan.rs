@@ -419,7 +419,7 @@ mod tests {
             stage: "run".into(),
             attempt: 2,
             task_type: "ssh".into(),
-            spec,
+            spec: spec.into(),
             upstream: BTreeMap::new(),
             upstream_artifacts: BTreeMap::new(),
             upstream_results: BTreeMap::new(),
