@@ -60,7 +60,11 @@ impl InFlight {
     pub async fn settled(self, js: &jetstream::Context) -> Result<Settled, EdgeError> {
         let InFlight { ack, subject, msg_id, payload } = self;
         let ack = ack.await.map_err(|e| EdgeError::transient(format!("ack of {msg_id} on {subject}"), e))?;
-        settle(js, ack, subject, &msg_id, payload).await
+        if !ack.duplicate {
+            return Ok(Settled::Written(ack.sequence));
+        }
+        // Rare, and it takes requests of its own: boxed, so every writer's wait stays small.
+        Box::pin(settle_duplicate(js, ack, subject, &msg_id, payload)).await
     }
 }
 
@@ -89,22 +93,8 @@ pub async fn publish_event(js: &jetstream::Context, event: &Event, author: Autho
     send_event(js, event, author).await?.stored(js).await
 }
 
-/// What became of a message whose ack came back: for a duplicate that no copy stands for,
-/// stores it again under an unpredictable id. A duplicate is rare and takes requests of its
-/// own; its future is boxed, so that every writer's publish, waiting for its ack, stays small.
-async fn settle(
-    js: &jetstream::Context,
-    ack: PublishAck,
-    subject: String,
-    msg_id: &str,
-    payload: Bytes,
-) -> Result<Settled, EdgeError> {
-    if !ack.duplicate {
-        return Ok(Settled::Written(ack.sequence));
-    }
-    Box::pin(settle_duplicate(js, ack, subject, msg_id, payload)).await
-}
-
+/// What became of a message whose ack said it was a duplicate: when no copy stands for it, it
+/// is stored again under an unpredictable id.
 async fn settle_duplicate(
     js: &jetstream::Context,
     ack: PublishAck,
