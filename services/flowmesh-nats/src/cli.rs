@@ -140,12 +140,23 @@ pub const JETSTREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(6
 /// every message and every spawned task was a hand-off to or from it (a wake-up and a context
 /// switch each). Measured with the services as processes: 12-13% more workflows per second, 13%
 /// less CPU per workflow in all processes (BENCHMARKS "Eighth round").
+///
+/// The runtime has no LIFO slot: a task woken by another one waits behind the tasks already
+/// queued instead of running next. A NATS connection's writer is such a task, woken by every
+/// message sent; run next, it wrote each message in a system call of its own (ARCHITECTURE,
+/// "Decisions"). Turning the slot off is an unstable tokio API, compiled in by `--cfg
+/// tokio_unstable` from `.cargo/config.toml`; a `RUSTFLAGS` in the environment replaces that
+/// file's flags, and then the slot stays (`the_build_turns_off_the_lifo_slot` says so).
 pub fn serve<F, T>(service: F) -> anyhow::Result<T>
 where
     F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::runtime::Runtime::new()?.block_on(async { tokio::spawn(service).await? })
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    #[cfg(tokio_unstable)]
+    runtime.disable_lifo_slot();
+    runtime.build()?.block_on(async { tokio::spawn(service).await? })
 }
 
 /// Sets up `tracing`: `RUST_LOG` filters (default `info`), `FLOWMESH_LOG_JSON=1` for JSON lines.
@@ -200,5 +211,14 @@ mod tests {
         ] {
             assert_eq!(default_replicas(cluster, servers), want, "{cluster:?} with {servers} server(s)");
         }
+    }
+
+    #[test]
+    fn the_build_turns_off_the_lifo_slot() {
+        assert!(
+            cfg!(tokio_unstable),
+            "built without --cfg tokio_unstable (.cargo/config.toml; RUSTFLAGS in the environment replaces it): \
+             `serve`'s runtime keeps tokio's LIFO slot"
+        );
     }
 }
