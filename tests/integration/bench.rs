@@ -30,7 +30,11 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         tasks: 20,
         concurrency: 4,
         mix: "echo=3,python=1".parse()?,
-        raw: true,
+        raw: Some(flowmesh_nats::connect::NatsOptions {
+            url: world.url(),
+            name: "bench test raw".to_owned(),
+            ..Default::default()
+        }),
         raw_messages: 500,
         timeout: DEADLINE,
         fleet_wait: DEADLINE,

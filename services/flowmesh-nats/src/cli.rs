@@ -140,23 +140,27 @@ pub const JETSTREAM_WAIT: std::time::Duration = std::time::Duration::from_secs(6
 /// every message and every spawned task was a hand-off to or from it (a wake-up and a context
 /// switch each). Measured with the services as processes: 12-13% more workflows per second, 13%
 /// less CPU per workflow in all processes (BENCHMARKS "Eighth round").
-///
-/// The runtime has no LIFO slot: a task woken by another one waits behind the tasks already
-/// queued instead of running next. A NATS connection's writer is such a task, woken by every
-/// message sent; run next, it wrote each message in a system call of its own (ARCHITECTURE,
-/// "Decisions"). Turning the slot off is an unstable tokio API, compiled in by `--cfg
-/// tokio_unstable` from `.cargo/config.toml`; a `RUSTFLAGS` in the environment replaces that
-/// file's flags, and then the slot stays (`the_build_turns_off_the_lifo_slot` says so).
 pub fn serve<F, T>(service: F) -> anyhow::Result<T>
 where
     F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
+    runtime().build()?.block_on(async { tokio::spawn(service).await? })
+}
+
+/// `serve`'s runtime: tokio's multi-threaded one without its LIFO slot, so that a task woken or
+/// spawned by another one waits behind the tasks already queued instead of running next. A NATS
+/// connection's writer is such a task, woken by every message sent; run next, it wrote each
+/// message in a system call of its own (ARCHITECTURE, "Decisions"). Turning the slot off is an
+/// unstable tokio API, compiled in by `--cfg tokio_unstable` from `.cargo/config.toml`; a
+/// `RUSTFLAGS` in the environment replaces that file's flags, and then the slot stays
+/// (`a_woken_task_waits_behind_those_already_queued` fails).
+fn runtime() -> tokio::runtime::Builder {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     #[cfg(tokio_unstable)]
     runtime.disable_lifo_slot();
-    runtime.build()?.block_on(async { tokio::spawn(service).await? })
+    runtime
 }
 
 /// Sets up `tracing`: `RUST_LOG` filters (default `info`), `FLOWMESH_LOG_JSON=1` for JSON lines.
@@ -214,11 +218,29 @@ mod tests {
     }
 
     #[test]
-    fn the_build_turns_off_the_lifo_slot() {
-        assert!(
-            cfg!(tokio_unstable),
-            "built without --cfg tokio_unstable (.cargo/config.toml; RUSTFLAGS in the environment replaces it): \
-             `serve`'s runtime keeps tokio's LIFO slot"
+    fn a_woken_task_waits_behind_those_already_queued() {
+        // One runtime thread, so nothing is stolen: the order the tasks run in is the queue's.
+        let runtime = super::runtime().worker_threads(1).build().unwrap();
+        let order = runtime.block_on(async {
+            tokio::spawn(async {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let first = tokio::spawn({
+                    let tx = tx.clone();
+                    async move { tx.send("first").unwrap() }
+                });
+                let second = tokio::spawn(async move { tx.send("second").unwrap() });
+                first.await.unwrap();
+                second.await.unwrap();
+                rx.try_iter().collect::<Vec<_>>()
+            })
+            .await
+            .unwrap()
+        });
+        assert_eq!(
+            order,
+            ["first", "second"],
+            "the task spawned last ran first: the runtime kept tokio's LIFO slot (is the build without \
+             .cargo/config.toml's --cfg tokio_unstable, a RUSTFLAGS in the environment replacing it?)"
         );
     }
 }

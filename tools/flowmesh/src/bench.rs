@@ -12,6 +12,7 @@ use crate::{cpu, submit, table, views};
 use async_nats::jetstream::{self, consumer, message::PublishMessage, stream};
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::{Event, EventBody};
+use flowmesh_nats::connect::NatsOptions;
 use flowmesh_nats::{Shutdown, subjects};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -166,8 +167,9 @@ pub struct Options {
     /// The processes whose CPU time is measured (`cpu::local_processes`, or a dev stack's own).
     pub cpu_of: Vec<cpu::Process>,
     pub mix: Mix,
-    /// Also measure the raw JetStream round trip on the same server.
-    pub raw: bool,
+    /// Also measure the raw JetStream round trip on the same server, through a connection of its
+    /// own made with these options (`raw`).
+    pub raw: Option<NatsOptions>,
     /// Messages in the raw run (the documents of the mix, repeated): enough that it lasts well
     /// past start-up effects.
     pub raw_messages: usize,
@@ -191,7 +193,7 @@ impl Default for Options {
             rate: None,
             cpu_of: Vec::new(),
             mix: Mix(vec![(TaskKind::Echo, 3), (TaskKind::Python, 1)]),
-            raw: false,
+            raw: None,
             raw_messages: RAW_MESSAGES,
             timeout: Duration::from_secs(600),
             fleet_wait: Duration::from_secs(10),
@@ -368,9 +370,9 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     }
     // The raw run goes first: it is short, and a server that cannot hold a file stream fails here
     // before any workflow is submitted.
-    let raw = if options.raw {
+    let raw = if let Some(connect) = &options.raw {
         let raw_bodies: Vec<Vec<u8>> = bodies.iter().cycle().take(options.raw_messages.max(1)).cloned().collect();
-        Some(raw(js, &raw_bodies, options.replicas, options.timeout, stop.clone()).await?)
+        Some(raw(connect, raw_bodies, options.replicas, options.timeout, stop.clone()).await?)
     } else {
         None
     };
@@ -811,13 +813,35 @@ fn nonce() -> String {
 /// The header carrying a raw message's index, so the consumer can time it against its publish.
 const RAW_INDEX_HEADER: &str = "Flowmesh-Bench-Index";
 
-/// Creates a temporary file stream, measures the round trip on it, and deletes it whatever happened.
 /// The raw run's default size (`--raw-messages`).
 pub const RAW_MESSAGES: usize = 50_000;
 /// Publishes (and acks) the raw run keeps in flight: what a pipelined client does.
 const RAW_WINDOW: usize = 256;
 
+/// The ceiling is the client's as much as the server's, so it is measured as a plain client
+/// would run it: a connection of its own, on a runtime of its own with tokio's defaults, in a
+/// thread of its own. The programs' runtime has no LIFO slot (`flowmesh_nats::cli::serve`),
+/// which serves the pipeline's many tasks and costs this one loop of publishes a few percent of
+/// its rate: measured on that runtime, the ceiling would be lower and every efficiency higher.
 async fn raw(
+    connect: &NatsOptions,
+    bodies: Vec<Vec<u8>>,
+    replicas: usize,
+    timeout: Duration,
+    stop: Shutdown,
+) -> anyhow::Result<RawReport> {
+    let connect = connect.clone();
+    tokio::task::spawn_blocking(move || {
+        tokio::runtime::Runtime::new()?.block_on(async {
+            let js = jetstream::new(flowmesh_nats::connect::connect(&connect).await?);
+            raw_on(&js, &bodies, replicas, timeout, stop).await
+        })
+    })
+    .await?
+}
+
+/// Creates a temporary file stream, measures the round trip on it, and deletes it whatever happened.
+async fn raw_on(
     js: &jetstream::Context,
     bodies: &[Vec<u8>],
     replicas: usize,

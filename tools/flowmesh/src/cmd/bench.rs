@@ -75,7 +75,6 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         concurrency: args.concurrency as usize,
         rate: args.rate,
         mix: args.mix,
-        raw: args.raw,
         raw_messages: args.raw_messages,
         timeout: Duration::from_secs(args.timeout_sec),
         ..Default::default()
@@ -102,11 +101,13 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
             .cpu_of
             .extend(stack.server.pid().map(|pid| flowmesh::cpu::Process { name: format!("nats-server {pid}"), pid }));
         // The private stack knows none of NATS_URL's credentials or TLS settings: a plain connection.
-        let options = NatsOptions { url: stack.url(), name: "flowmesh-bench".to_owned(), ..Default::default() };
-        let handles = Handles::ensure(&connect(&options).await?, &Topology::load(1)?).await?;
+        let connection = NatsOptions { url: stack.url(), name: "flowmesh-bench".to_owned(), ..Default::default() };
+        options.raw = args.raw.then(|| NatsOptions { name: "flowmesh-bench-raw".to_owned(), ..connection.clone() });
+        let handles = Handles::ensure(&connect(&connection).await?, &Topology::load(1)?).await?;
         (Some(stack), handles.js)
     } else {
         let (_, handles, topology) = nats.handles_with_topology("flowmesh-bench").await?;
+        options.raw = args.raw.then(|| nats.options("flowmesh-bench-raw"));
         // The raw ceiling is measured on a stream with the deployment's replicas.
         options.replicas = topology.replicas;
         // Whatever of the stack runs on this machine.
@@ -118,7 +119,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         options.tasks,
         options.mix,
         options.concurrency,
-        if options.raw { ", with the raw JetStream round trip" } else { "" }
+        if options.raw.is_some() { ", with the raw JetStream round trip" } else { "" }
     );
     let report = bench::run(&js, &options, shutdown.clone()).await;
     let mut sweep = Vec::new();
@@ -129,7 +130,7 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         for percent in SWEEP_PERCENT {
             let rate = burst.tasks_per_sec * f64::from(percent) / 100.0;
             eprintln!("bench: {percent}% of {:.0} tasks/s: {rate:.0} submitted per second", burst.tasks_per_sec);
-            let at_rate = bench::Options { rate: Some(rate), raw: false, ..options.clone() };
+            let at_rate = bench::Options { rate: Some(rate), raw: None, ..options.clone() };
             match bench::run(&js, &at_rate, shutdown.clone()).await {
                 Ok(r) => sweep.push(SweepPoint { percent, rate, report: r }),
                 Err(e) => {
