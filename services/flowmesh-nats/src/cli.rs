@@ -148,6 +148,27 @@ where
     runtime().build()?.block_on(async { tokio::spawn(service).await? })
 }
 
+/// `serve` for a process that runs its own nats-server beside it (`flowmesh dev`, `bench --dev`):
+/// one runtime thread fewer than the machine has cores, so that the server has a core the
+/// services' threads do not contend for (ARCHITECTURE, "Decisions": "A one-machine stack leaves
+/// its server a core"). `TOKIO_WORKER_THREADS`, where set, decides as it does for every runtime.
+pub fn serve_beside_its_server<F, T>(service: F) -> anyhow::Result<T>
+where
+    F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut runtime = runtime();
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        runtime.worker_threads(threads_beside_a_server(std::thread::available_parallelism().map_or(1, usize::from)));
+    }
+    runtime.build()?.block_on(async { tokio::spawn(service).await? })
+}
+
+/// Runtime threads for a process sharing `cores` with its nats-server: all but one, at least one.
+fn threads_beside_a_server(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
+}
+
 /// `serve`'s runtime: tokio's multi-threaded one without its LIFO slot, so that a task woken or
 /// spawned by another one waits behind the tasks already queued instead of running next. A NATS
 /// connection's writer is such a task, woken by every message sent; run next, it wrote each
@@ -214,6 +235,13 @@ mod tests {
             (Some("flowmesh"), 5, 3),
         ] {
             assert_eq!(default_replicas(cluster, servers), want, "{cluster:?} with {servers} server(s)");
+        }
+    }
+
+    #[test]
+    fn a_process_beside_its_server_leaves_it_a_core() {
+        for (cores, want) in [(1, 1), (2, 1), (3, 2), (16, 15)] {
+            assert_eq!(super::threads_beside_a_server(cores), want, "{cores} core(s)");
         }
     }
 

@@ -82,8 +82,15 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     // As every service does (`dev`'s services and the bench's client gain from it); a panic is
-    // reported with its message.
-    match flowmesh_nats::cli::serve(run(cli)) {
+    // reported with its message. A process that starts its own nats-server leaves it a core.
+    let beside_its_server =
+        matches!(&cli.command, Command::Dev(_) | Command::Bench(cmd::bench::Args { dev: true, .. }));
+    let served = if beside_its_server {
+        flowmesh_nats::cli::serve_beside_its_server(run(cli))
+    } else {
+        flowmesh_nats::cli::serve(run(cli))
+    };
+    match served {
         Ok(code) => code,
         Err(e) => {
             eprintln!("flowmesh: {e:#}");

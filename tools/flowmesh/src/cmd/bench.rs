@@ -31,7 +31,7 @@ pub struct Args {
     mix: bench::Mix,
     /// Start a private dev stack for the run (and stop it afterwards) instead of using NATS_URL.
     #[arg(long)]
-    dev: bool,
+    pub dev: bool,
     /// With --dev: how many workers.
     #[arg(long, requires = "dev", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     workers: u16,
