@@ -9,6 +9,8 @@ use crate::workflow::Workflow;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod one_pass;
+
 /// One event: its id, its time (RFC 3339, supplied by the writer) and what happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -351,8 +353,19 @@ macro_rules! event_bodies {
             /// (the envelope's `id`, `time` and `type` are ignored there); `None` for a kind
             /// this version does not know.
             fn from_json(kind: &str, payload: &str) -> Option<serde_json::Result<EventBody>> {
+                let mut deserializer = serde_json::Deserializer::from_str(payload);
+                let body = EventBody::deserialize_as(kind, &mut deserializer)?;
+                Some(body.and_then(|body| deserializer.end().map(|()| body)))
+            }
+
+            /// The body of an event whose `type` is `kind`, read from `deserializer` into its
+            /// struct; `None` for a kind this version does not know.
+            fn deserialize_as<'de, D: serde::Deserializer<'de>>(
+                kind: &str,
+                deserializer: D,
+            ) -> Option<Result<EventBody, D::Error>> {
                 match kind {
-                    $($tag => Some(serde_json::from_str::<$body>(payload).map(EventBody::$variant)),)*
+                    $($tag => Some(<$body>::deserialize(deserializer).map(EventBody::$variant)),)*
                     _ => None,
                 }
             }
@@ -591,6 +604,31 @@ enum Orders {
     Skip,
 }
 
+/// A dispatch's fields but its order, which serde skips as an unknown field: it checks that the
+/// order is JSON and builds nothing of it.
+#[derive(Deserialize)]
+struct DispatchWithoutOrder {
+    workflow_id: String,
+    task_id: String,
+    stage: String,
+    attempt: u32,
+    worker_id: String,
+    task_type: String,
+    message: String,
+}
+
+impl From<DispatchWithoutOrder> for EventBody {
+    fn from(d: DispatchWithoutOrder) -> EventBody {
+        EventBody::TaskDispatched(TaskDispatched {
+            task: TaskRef { workflow_id: d.workflow_id, task_id: d.task_id, stage: d.stage, attempt: d.attempt },
+            worker_id: d.worker_id,
+            task_type: d.task_type,
+            message: d.message,
+            order: None,
+        })
+    }
+}
+
 /// The largest event a reader takes: the streams' `max_msg_size`.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
 
@@ -629,9 +667,12 @@ impl Event {
 
     /// Decodes a JSON event as the derived `Deserialize` does, without its cost: an internally
     /// tagged enum under a flattened field makes serde buffer the whole event (a dispatch's
-    /// order included) in an intermediate tree twice before the body's struct sees it. Here
-    /// one pass reads the envelope (`id`, `time`, `type`) and skips the rest, and a second reads
-    /// the body's own struct from the same bytes. It may refuse what the derived decoding
+    /// order included) in an intermediate tree twice before the body's struct sees it. Here,
+    /// when the `type` comes before the body's fields (as every writer of ours puts it), the
+    /// type names the body's struct and that reads the rest of the same map: one pass
+    /// ([`one_pass`]). Otherwise, and for anything that pass does not take, one pass reads the
+    /// envelope (`id`, `time`, `type`) and skips the rest, and a second reads the body's own
+    /// struct from the same bytes, saying precisely what is wrong. It may refuse what the derived decoding
     /// takes (a `type` given as a number, which serde reads as the variant's index; bytes that
     /// are not UTF-8), and what it reads, the derived decoding reads the same. Debug builds
     /// (every test, the integration scenarios' services included) decode each event both ways
@@ -670,6 +711,22 @@ impl Event {
     }
 
     fn from_json_unchecked(payload: &[u8], orders: Orders) -> Result<Event, String> {
+        // JSON is UTF-8. The decoders skip the fields they do not know without looking inside
+        // their strings, so they alone would take such bytes there; checked once here, the
+        // passes below read it as text and check no string again.
+        let text = std::str::from_utf8(payload)
+            .map_err(|e| format!("not UTF-8 (first bad byte at offset {})", e.valid_up_to()))?;
+        if let Some(event) = one_pass::read(text, orders) {
+            if cfg!(debug_assertions) {
+                let two_passes = Event::from_json_in_two_passes(text, orders);
+                assert_eq!(two_passes.as_ref(), Ok(&event), "the two readings disagree on {text}");
+            }
+            return Ok(event);
+        }
+        Event::from_json_in_two_passes(text, orders)
+    }
+
+    fn from_json_in_two_passes(text: &str, orders: Orders) -> Result<Event, String> {
         #[derive(Deserialize)]
         struct Envelope<'a> {
             id: String,
@@ -677,33 +734,9 @@ impl Event {
             #[serde(rename = "type", borrow)]
             kind: std::borrow::Cow<'a, str>,
         }
-        /// A dispatch's fields but its order, which serde skips as an unknown field: it checks
-        /// that the order is JSON and builds nothing of it.
-        #[derive(Deserialize)]
-        struct Dispatch {
-            workflow_id: String,
-            task_id: String,
-            stage: String,
-            attempt: u32,
-            worker_id: String,
-            task_type: String,
-            message: String,
-        }
-        // JSON is UTF-8. The decoders skip the fields they do not know without looking inside
-        // their strings, so they alone would take such bytes there; checked once here, the
-        // passes below read it as text and check no string again.
-        let text = std::str::from_utf8(payload)
-            .map_err(|e| format!("not UTF-8 (first bad byte at offset {})", e.valid_up_to()))?;
         let envelope: Envelope<'_> = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let body = if let (Orders::Skip, "task.dispatched") = (orders, envelope.kind.as_ref()) {
-            let d: Dispatch = serde_json::from_str(text).map_err(|e| e.to_string())?;
-            EventBody::TaskDispatched(TaskDispatched {
-                task: TaskRef { workflow_id: d.workflow_id, task_id: d.task_id, stage: d.stage, attempt: d.attempt },
-                worker_id: d.worker_id,
-                task_type: d.task_type,
-                message: d.message,
-                order: None,
-            })
+            serde_json::from_str::<DispatchWithoutOrder>(text).map_err(|e| e.to_string())?.into()
         } else {
             EventBody::from_json(&envelope.kind, text)
                 .ok_or_else(|| format!("unknown event type {:?}", envelope.kind))?

@@ -7,7 +7,8 @@
 //! Events: `Event::read` is the gate every message of the log passes before anything folds it.
 //! Its decoding is hand-made for speed (issue "Throughput"), and debug builds check what it reads
 //! against serde's derived decoding and panic where they disagree: so mutated events, near
-//! misses of every kind, are also a differential test of the two. For every message it must
+//! misses of every kind, are also a differential test of the two (half the rounds in the order
+//! our writers use, which it reads in one pass, half in sorted order). For every message it must
 //! hold that:
 //! - nothing panics, whatever the bytes, the subject or the time: neither `read` nor a fold of
 //!   what it lets through;
@@ -478,6 +479,19 @@ fn mutate_subject(rng: &mut Rng, subject: &str) -> String {
     tokens.join(".")
 }
 
+/// `event` with `id`, `time` and `type` first, where it has them, as our writers put them: the
+/// order `Event::read` takes in one pass. serde_json's maps sort their keys, which puts most of a
+/// task event's fields before its type and leaves it to the two-pass reading; rounds take both.
+fn in_writer_order(event: &Value) -> Vec<u8> {
+    let Some(fields) = event.as_object() else { return serde_json::to_vec(event).unwrap() };
+    let envelope = ["id", "time", "type"];
+    let first = envelope.iter().filter_map(|key| fields.get_key_value(*key));
+    let rest = fields.iter().filter(|(key, _)| !envelope.contains(&key.as_str()));
+    let pairs: Vec<String> =
+        first.chain(rest).map(|(key, value)| format!("{}:{}", Value::from(key.as_str()), value)).collect();
+    format!("{{{}}}", pairs.join(",")).into_bytes()
+}
+
 #[test]
 fn mutated_events_are_read_as_their_subject_says_or_refused_and_never_panic() {
     let corpus = corpus();
@@ -509,7 +523,7 @@ fn mutated_events_are_read_as_their_subject_says_or_refused_and_never_panic() {
                 _ => {}
             }
         }
-        let mut bytes = serde_json::to_vec(&event).unwrap();
+        let mut bytes = if rng.below(2) == 0 { in_writer_order(&event) } else { serde_json::to_vec(&event).unwrap() };
         if rng.below(4) == 0 {
             mutate_bytes(&mut rng, &mut bytes);
         }
