@@ -74,9 +74,9 @@ pub async fn send(
     js: &jetstream::Context,
     subject: String,
     msg_id: &str,
-    payload: Vec<u8>,
+    payload: impl Into<Bytes>,
 ) -> Result<InFlight, EdgeError> {
-    let payload = Bytes::from(payload);
+    let payload = payload.into();
     let ack = publish_json(js, subject.clone(), msg_id, payload.clone()).await?;
     Ok(InFlight { ack, subject, msg_id: msg_id.to_owned(), payload })
 }
@@ -85,6 +85,17 @@ pub async fn send(
 pub async fn send_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<InFlight, EdgeError> {
     let payload = serde_json::to_vec(event).expect("events serialize");
     send(js, subjects::event(&event.subject_suffix(author)), &event.id, payload).await
+}
+
+/// [`publish_event`] for an event already serialized as `json` (a worker's report, written to its
+/// journal in the same bytes).
+pub async fn publish_written(
+    js: &jetstream::Context,
+    event: &Event,
+    author: Author<'_>,
+    json: Bytes,
+) -> Result<u64, EdgeError> {
+    send(js, subjects::event(&event.subject_suffix(author)), &event.id, json).await?.stored(js).await
 }
 
 /// Publishes `event` and waits for the ack. Returns the stream sequence (the original one when

@@ -139,10 +139,15 @@ impl Journal {
     /// Records that the attempt ended with `event`; returns once the kernel holds the record
     /// (safe against the process dying; on disk within `Limits::sync_every`).
     pub fn finish(&self, task_id: &str, attempt: u32, event: &Arc<Event>) -> std::io::Result<()> {
+        self.finish_written(task_id, attempt, event, &serde_json::to_vec(&**event).expect("events serialize"))
+    }
+
+    /// [`Journal::finish`] for an event already serialized as `json`: the bytes its report is
+    /// sent in, written here as they are.
+    pub fn finish_written(&self, task_id: &str, attempt: u32, event: &Arc<Event>, json: &[u8]) -> std::io::Result<()> {
         let key = key(task_id, attempt);
-        let record = Record { key: Cow::Borrowed(&key), event: Some(Cow::Borrowed(event)) };
         let mut log = self.log.lock().expect("journal lock");
-        log.append(&record)?;
+        log.append(|line| push_finished(line, &key, json))?;
         // Set after the write, so that a sync that starts before it leaves the flag set.
         let unsynced_before = self.dirty.swap(true, Ordering::SeqCst);
         log.owed.insert(key, Arc::clone(event));
@@ -336,10 +341,11 @@ impl Log {
         }
     }
 
-    fn append(&mut self, record: &Record) -> std::io::Result<()> {
+    /// Writes the line `push` adds, after the notes waiting for one.
+    fn append(&mut self, push: impl FnOnce(&mut Vec<u8>)) -> std::io::Result<()> {
         let mut line = std::mem::take(&mut self.unwritten);
         let notes = line.len();
-        push_line(&mut line, record);
+        push(&mut line);
         // One write, the notes not yet written first: the record is whole in the kernel when it
         // returns. A failed write keeps the notes for the next one.
         if let Err(e) = self.file.write_all(&line) {
@@ -481,6 +487,16 @@ fn push_line(buf: &mut Vec<u8>, record: &Record<'_>) {
     buf.push(b'\n');
 }
 
+/// The line of a `Record` that `key` ended with the event serialized as `event_json`, as
+/// `push_line` writes it, without serializing the event again.
+fn push_finished(buf: &mut Vec<u8>, key: &str, event_json: &[u8]) {
+    buf.extend_from_slice(br#"{"key":"#);
+    serde_json::to_writer(&mut *buf, key).expect("a key serializes");
+    buf.extend_from_slice(br#","event":"#);
+    buf.extend_from_slice(event_json);
+    buf.extend_from_slice(b"}\n");
+}
+
 impl Drop for Log {
     /// A journal closed (the worker stopping, or a test) writes the notes that were waiting.
     fn drop(&mut self) {
@@ -508,6 +524,17 @@ mod tests {
             started_at: None,
         });
         Arc::new(Event { id: body.derive_id(0), time: "2026-11-25T00:00:00Z".into(), body })
+    }
+
+    #[test]
+    fn an_end_written_from_its_reports_bytes_is_the_record_serde_writes() {
+        for key in ["t-1#1", "a \"quoted\" key\n"] {
+            let event = end(key);
+            let (mut written, mut serialized) = (Vec::new(), Vec::new());
+            push_finished(&mut written, key, &serde_json::to_vec(&*event).unwrap());
+            push_line(&mut serialized, &Record { key: Cow::Borrowed(key), event: Some(Cow::Borrowed(&event)) });
+            assert_eq!(String::from_utf8(written).unwrap(), String::from_utf8(serialized).unwrap());
+        }
     }
 
     fn small(reported: usize) -> Limits {

@@ -272,12 +272,17 @@ impl Shared {
     /// up (`Err`). The journal holds it meanwhile, so a report that never got out is sent after a
     /// restart.
     async fn report(&self, event: &Event) -> Result<(), GaveUp<flowmesh_nats::EdgeError>> {
+        self.report_written(event, serde_json::to_vec(event).expect("events serialize").into()).await
+    }
+
+    /// [`Shared::report`] for an event already serialized as `json`.
+    async fn report_written(&self, event: &Event, json: bytes::Bytes) -> Result<(), GaveUp<flowmesh_nats::EdgeError>> {
         let author = Author::Worker(&self.config.worker_id);
         let stored = self
             .reporting
             .retry(
                 &format!("storing report {}", event.id),
-                || publish::publish_event(&self.handles.js, event, author),
+                || publish::publish_written(&self.handles.js, event, author, json.clone()),
                 |_| true,
             )
             .await;
@@ -685,11 +690,13 @@ async fn handle(shared: &Arc<Shared>, message: jetstream::Message, stopping: Shu
             }
         };
         let event = Arc::new(event);
-        if let Err(e) = shared.journal.finish(&order.task_id, order.attempt, &event) {
+        // Serialized once: the journal holds the bytes the report is sent in.
+        let json = bytes::Bytes::from(serde_json::to_vec(&*event).expect("events serialize"));
+        if let Err(e) = shared.journal.finish_written(&order.task_id, order.attempt, &event, &json) {
             warn!(error = %e, "journal write failed after the task ended");
         }
         failpoint("after-journal-finish");
-        if shared.report(&event).await.is_ok() {
+        if shared.report_written(&event, json).await.is_ok() {
             let _ = shared.journal.reported(&order.task_id, order.attempt);
         }
         if let Err(e) = message.ack().await {
