@@ -454,8 +454,6 @@ fn main() {
     }
 }
 
-/// The events every echo task puts on the log, as the router and the workers read them: the
-/// verdict (carrying `document`'s workflow), the dispatch with its work order, the completion.
 /// `json`, an event as a writer writes it (`id`, `time`, `type`, then the body), with its `type`
 /// moved to the end.
 fn type_last(json: &[u8]) -> Vec<u8> {
@@ -466,6 +464,8 @@ fn type_last(json: &[u8]) -> Vec<u8> {
     format!("{},{body},{kind}}}", &text[..start]).into_bytes()
 }
 
+/// The events every echo task puts on the log, as the router and the workers read them: the
+/// verdict (carrying `document`'s workflow), the dispatch with its work order, the completion.
 fn hot_events(document: &[u8]) -> Vec<(&'static str, Event)> {
     let workflow = validate_submission(document, "wf-1").unwrap();
     let accepted = EventBody::SubmissionAccepted(SubmissionAccepted {

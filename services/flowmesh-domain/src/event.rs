@@ -672,11 +672,11 @@ impl Event {
     /// type names the body's struct and that reads the rest of the same map: one pass
     /// ([`one_pass`]). Otherwise, and for anything that pass does not take, one pass reads the
     /// envelope (`id`, `time`, `type`) and skips the rest, and a second reads the body's own
-    /// struct from the same bytes, saying precisely what is wrong. It may refuse what the derived decoding
-    /// takes (a `type` given as a number, which serde reads as the variant's index; bytes that
-    /// are not UTF-8), and what it reads, the derived decoding reads the same. Debug builds
-    /// (every test, the integration scenarios' services included) decode each event both ways
-    /// and assert it.
+    /// struct from the same bytes, saying precisely what is wrong. It may refuse what the
+    /// derived decoding takes (a `type` given as a number, which serde reads as the variant's
+    /// index; bytes that are not UTF-8), and what it reads, the derived decoding reads the same.
+    /// Debug builds (every test, the integration scenarios' services included) decode each
+    /// event both ways and assert it, and read what the one pass takes in two passes as well.
     pub fn from_json(payload: &[u8]) -> Result<Event, String> {
         Event::decode(payload, Orders::Read)
     }
