@@ -145,7 +145,7 @@ where
     F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
-    runtime().build()?.block_on(async { tokio::spawn(service).await? })
+    serve_on(runtime(), service)
 }
 
 /// `serve` for a process that runs its own nats-server beside it (`flowmesh dev`, `bench --dev`):
@@ -161,6 +161,15 @@ where
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         runtime.worker_threads(threads_beside_a_server(std::thread::available_parallelism().map_or(1, usize::from)));
     }
+    serve_on(runtime, service)
+}
+
+/// Runs `service` as a task of the runtime `runtime` builds, blocking until it returns.
+fn serve_on<F, T>(mut runtime: tokio::runtime::Builder, service: F) -> anyhow::Result<T>
+where
+    F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
     runtime.build()?.block_on(async { tokio::spawn(service).await? })
 }
 

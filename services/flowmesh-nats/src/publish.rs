@@ -83,19 +83,28 @@ pub async fn send(
 
 /// Sends `event`, written by `author`, on its subject with `Nats-Msg-Id = event.id`.
 pub async fn send_event(js: &jetstream::Context, event: &Event, author: Author<'_>) -> Result<InFlight, EdgeError> {
-    let payload = serde_json::to_vec(event).expect("events serialize");
-    send(js, subjects::event(&event.subject_suffix(author)), &event.id, payload).await
+    send_written(js, event, author, serde_json::to_vec(event).expect("events serialize").into()).await
 }
 
-/// [`publish_event`] for an event already serialized as `json` (a worker's report, written to its
+/// [`send_event`] for an event already serialized as `json` (a worker's report, written to its
 /// journal in the same bytes).
+pub async fn send_written(
+    js: &jetstream::Context,
+    event: &Event,
+    author: Author<'_>,
+    json: Bytes,
+) -> Result<InFlight, EdgeError> {
+    send(js, subjects::event(&event.subject_suffix(author)), &event.id, json).await
+}
+
+/// [`publish_event`] for an event already serialized as `json`.
 pub async fn publish_written(
     js: &jetstream::Context,
     event: &Event,
     author: Author<'_>,
     json: Bytes,
 ) -> Result<u64, EdgeError> {
-    send(js, subjects::event(&event.subject_suffix(author)), &event.id, json).await?.stored(js).await
+    send_written(js, event, author, json).await?.stored(js).await
 }
 
 /// Publishes `event` and waits for the ack. Returns the stream sequence (the original one when
