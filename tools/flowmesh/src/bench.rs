@@ -935,10 +935,13 @@ async fn raw_round_trip(
         let mut got_at: Vec<Option<Instant>> = vec![None; total];
         let mut received = 0;
         while received < total {
-            let message = messages
-                .next()
-                .await
-                .ok_or_else(|| anyhow::anyhow!("the raw consumer ended after {received} of {total}"))??;
+            let message = match messages.next().await {
+                None => anyhow::bail!("the raw consumer ended after {received} of {total}"),
+                // A heartbeat that came late on a machine this busy says nothing about the
+                // messages, which keep coming: it ended a run once, halfway.
+                Some(Err(e)) if matches!(e.kind(), consumer::pull::MessagesErrorKind::MissingHeartbeat) => continue,
+                Some(message) => message?,
+            };
             let at = Instant::now();
             let index = message
                 .headers
