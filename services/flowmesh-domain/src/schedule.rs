@@ -39,13 +39,6 @@ impl Default for Config {
 /// queue, short beside a long task.
 pub const QUEUE_PATIENCE_MS: u64 = 5_000;
 
-/// How long a task waits for a slot before the router says why (`Action::Hint`). A wait shorter
-/// than this is a busy fleet working through its queue, which needs no explanation, and a burst
-/// of short tasks would otherwise send one per task: a message of half a kilobyte, matched by
-/// the server against its subscriptions, that nobody is listening for (BENCHMARKS, "Thirty-fifth
-/// round").
-pub const EXPLAIN_WAITS_AFTER_MS: u64 = 1_000;
-
 /// What the router should do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -55,8 +48,7 @@ pub enum Action {
     Dispatch { event: TaskDispatched, order: WorkOrder },
     /// Tell whoever watches why a task waits for a slot on a busy fleet, without storing it
     /// (core NATS, `flowmesh.hints.<workflow>.<task>`): waiting for a slot changes nothing in the
-    /// fold, so it is no event. Sent once the task has waited `EXPLAIN_WAITS_AFTER_MS`, and
-    /// again only when the explanation changes.
+    /// fold, so it is no event. Sent again only when the explanation changes.
     Hint(TaskPending),
 }
 
@@ -160,21 +152,16 @@ struct Remembered {
     request: Request,
     /// Its `merge_key`: identical inference requests submitted later follow it.
     merge: Option<String>,
-    /// The last busy explanation found, and the fleet it was found for (`FleetIndex::signature`).
+    /// The last busy explanation hinted, and the fleet it was given for (`FleetIndex::signature`).
     hinted: Option<Hinted>,
     /// The last round the task was waiting in.
     round: u64,
-    /// When this router first saw the attempt waiting: its busy explanation is sent only once it
-    /// has waited `EXPLAIN_WAITS_AFTER_MS`.
-    since_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 struct Hinted {
     message: String,
     fleet: u64,
-    /// Whether it went out as a hint; not while the wait was shorter than `EXPLAIN_WAITS_AFTER_MS`.
-    sent: bool,
 }
 
 /// A task holding a worker's slot.
@@ -887,28 +874,19 @@ fn decide_waiting(
             Ok(r) => placement::Request { queue: !given_back(t), ..r },
             Err(message) => return fail(FailureReason::SpecValidationFailed, message),
         };
-        let remembered = Remembered {
-            attempt: t.attempt,
-            seq: wf.seq,
-            request,
-            merge,
-            hinted: None,
-            round: this_round,
-            since_ms: now_ms,
-        };
+        let remembered =
+            Remembered { attempt: t.attempt, seq: wf.seq, request, merge, hinted: None, round: this_round };
         requests.tasks.insert(t.def.task_id.clone(), remembered);
         requests.waits_for.add(&t.def.task_type);
         resolved = Some(spec);
     }
     let remembered = requests.tasks.get_mut(t.def.task_id.as_str()).expect("remembered above");
     remembered.round = this_round;
-    let explain = now_ms.saturating_sub(remembered.since_ms) >= EXPLAIN_WAITS_AFTER_MS;
-    // Found busy on this same fleet (and told so, once it has waited long enough to be), and still
-    // every slot of its type is taken: nothing to place and nothing new to say, so a backlog costs
-    // no placement per round. (A task with no capable worker is never skipped: its grace clock
-    // runs.)
+    // Told it waits for a slot, on this same fleet, and still every slot of its type is taken:
+    // nothing to place and nothing new to say, so a backlog costs no placement per round. (A
+    // task with no capable worker is never skipped: its grace clock runs.)
     if t.unplaceable_since_ms.is_none()
-        && remembered.hinted.as_ref().is_some_and(|h| h.fleet == round.fleet && (h.sent || !explain))
+        && remembered.hinted.as_ref().is_some_and(|h| h.fleet == round.fleet)
         && index.full(&t.def.task_type)
     {
         return None;
@@ -946,15 +924,9 @@ fn decide_waiting(
                     && hinted.message == explanation.message
                 {
                     hinted.fleet = round.fleet;
-                    if hinted.sent || !explain {
-                        return None;
-                    }
-                }
-                remembered.hinted =
-                    Some(Hinted { message: explanation.message.clone(), fleet: round.fleet, sent: explain });
-                if !explain {
                     return None;
                 }
+                remembered.hinted = Some(Hinted { message: explanation.message.clone(), fleet: round.fleet });
                 return Some(Action::Hint(TaskPending {
                     task: tref(),
                     reason: "busy".to_owned(),

@@ -9,9 +9,7 @@ mod common;
 
 use flowmesh_domain::fleet::WorkerSnapshot;
 use flowmesh_domain::placement::FleetIndex;
-use flowmesh_domain::schedule::{
-    Action, Config, EXPLAIN_WAITS_AFTER_MS, Release, Releases, Requests, decide, decide_with,
-};
+use flowmesh_domain::schedule::{Action, Config, Release, Releases, Requests, decide, decide_with};
 use flowmesh_domain::state::{Applied, State, TaskStatus, WorkflowStatus};
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
@@ -100,8 +98,7 @@ impl Scenario {
             self.index.put(w);
         }
         let actions = decide_with(&self.state, &mut self.index, self.now, &self.config, &mut self.requests);
-        // Hints go out once per explanation, and only for a task that has waited a while: a
-        // fresh router has only just seen every task, a remembering one may have told of some.
+        // Hints are sent once per explanation, so only a fresh router repeats them.
         let decisions = |actions: &[Action]| -> Vec<Action> {
             actions.iter().filter(|a| !matches!(a, Action::Hint(_))).cloned().collect()
         };
@@ -725,9 +722,8 @@ spec:
 "#;
 
 /// A busy backlog is not placed again round after round while every slot of its type stays
-/// taken; the fleet changing under it, or a slot freeing, is noticed at once. Why a task waits is
-/// said once it has waited `EXPLAIN_WAITS_AFTER_MS`, and only once. (`route` also checks every
-/// round against a router that remembers nothing.)
+/// taken; the fleet changing under it, or a slot freeing, is noticed at once. (`route` also
+/// checks every round against a router that remembers nothing.)
 #[test]
 fn a_busy_backlog_is_placed_again_only_when_a_slot_frees_or_the_fleet_changes() {
     let mut special = worker("w2", &["echo"]);
@@ -737,13 +733,7 @@ fn a_busy_backlog_is_placed_again_only_when_a_slot_frees_or_the_fleet_changes() 
     let on: BTreeMap<String, String> = sent.iter().map(|(w, stage, _, _)| (stage.clone(), w.clone())).collect();
     assert_eq!(on.keys().collect::<Vec<_>>(), ["a", "b"], "{sent:?}");
     let hinted = |s: &Scenario| -> Vec<String> { s.hints.iter().map(|h| h.task.stage.clone()).collect() };
-    assert!(hinted(&s).is_empty(), "a wait shorter than EXPLAIN_WAITS_AFTER_MS is not explained");
-    s.now += EXPLAIN_WAITS_AFTER_MS - 1;
-    assert!(s.route().is_empty());
-    assert!(hinted(&s).is_empty(), "not yet");
-    s.now += 1;
-    assert!(s.route().is_empty());
-    assert_eq!(hinted(&s), ["c"], "explained once it has waited that long");
+    assert_eq!(hinted(&s), ["c"]);
     s.now += 1_000;
     assert!(s.route().is_empty());
     assert_eq!(hinted(&s), ["c"], "told once");
