@@ -938,7 +938,8 @@ async fn raw_round_trip(
             let message = match messages.next().await {
                 None => anyhow::bail!("the raw consumer ended after {received} of {total}"),
                 // A heartbeat that came late on a machine this busy says nothing about the
-                // messages, which keep coming: it ended a run once, halfway.
+                // messages, which keep coming: it ended two runs partway (BENCHMARKS, "Thirty-fifth
+                // round").
                 Some(Err(e)) if matches!(e.kind(), consumer::pull::MessagesErrorKind::MissingHeartbeat) => continue,
                 Some(message) => message?,
             };
