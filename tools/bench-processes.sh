@@ -30,7 +30,9 @@ command -v nats-server >/dev/null || { echo "bench-processes: nats-server is not
 source tools/scratch.sh
 scratch_start bench-processes
 port=$(free_port)
-printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "200ms" }\n' "$port" "$dir" >"$dir/nats.conf"
+# The settings flowmesh dev gives its server: its streams synced every 200 ms, and no subscription
+# cache, which nearly every subject we publish only churns (ARCHITECTURE, "Decisions").
+printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js", sync_interval: "200ms" }\ndisable_sublist_cache: true\n' "$port" "$dir" >"$dir/nats.conf"
 # The collector's pace that flowmesh dev and compose.yaml give the server (ARCHITECTURE, "Decisions").
 GOGC=${GOGC:-400} nats-server -c "$dir/nats.conf" >"$dir/nats.log" 2>&1 &
 pids+=($!)

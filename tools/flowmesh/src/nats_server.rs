@@ -30,6 +30,9 @@ pub const SYNC_INTERVAL: &str = "200ms";
 /// environment is the operator's and goes to the server as it is; `compose.yaml` sets the same.
 pub const GOGC: &str = "400";
 
+/// The file, in the store's folder, that holds `server_config` for a server started without one.
+const CONFIG_FILE: &str = "flowmesh-server.conf";
+
 /// The `GOGC` to give a server we start: ours, unless the environment already says one.
 fn gogc(from_environment: Option<&std::ffi::OsStr>) -> Option<&'static str> {
     match from_environment {
@@ -44,6 +47,19 @@ fn sync_interval() -> String {
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| SYNC_INTERVAL.into())
+}
+
+/// The configuration of a server started without a file of its own: the sync interval, and no
+/// subscription cache. The server keeps, per account, a cache of which subscriptions each
+/// published subject matched, and one per connection in front of it. Nearly every subject we
+/// publish is new: each event has its own (`flowmesh.events.<workflow>.<task>.…`), and so does
+/// every JetStream ack and every reply to a publish. So the account's cache missed on nearly
+/// every message and spent its time adding entries and sweeping old ones out (with a write lock
+/// on each miss). Without it, bursts cost the server 4-10% less CPU per task and ran 1-7% more
+/// tasks a second, and the raw round trip 6-14% more messages (BENCHMARKS, "Thirty-sixth round").
+/// `streams/nats-server.conf` and `tools/bench-processes.sh` say the same.
+fn server_config(sync_interval: &str) -> String {
+    format!("jetstream {{ sync_interval: {sync_interval:?} }}\ndisable_sublist_cache: true\n")
 }
 
 /// A port that was free a moment ago (the OS picks it; we release it for the server).
@@ -111,10 +127,10 @@ impl NatsServer {
             Some(config) => {
                 command.arg("-c").arg(config);
             }
-            // The server has no flag for its sync interval: a one-line file beside the store.
+            // The server has no flags for these settings: a small file beside the store.
             None => {
-                let path = store_dir.join("flowmesh-sync.conf");
-                std::fs::write(&path, format!("jetstream {{ sync_interval: {:?} }}\n", sync_interval()))?;
+                let path = store_dir.join(CONFIG_FILE);
+                std::fs::write(&path, server_config(&sync_interval()))?;
                 command.arg("-c").arg(path);
             }
         }
@@ -272,6 +288,91 @@ mod tests {
             assert!(
                 values.iter().all(|v| *v == GOGC),
                 "{file} sets GOGC to {values:?}, where the dev stack uses {GOGC}"
+            );
+        }
+    }
+
+    /// What the server's monitoring port says of its subscription cache (`/subsz`'s
+    /// `num_cache`), for a server run from `config` after a subscriber has heard a few subjects.
+    async fn cached_subjects_of_a_server_run_from(config: &str) -> u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.conf");
+        let [port, monitor] = free_ports(2).unwrap()[..] else { unreachable!() };
+        // The monitoring port is the test's instrument, on the loopback only.
+        std::fs::write(&path, format!("{config}http: \"127.0.0.1:{monitor}\"\n")).unwrap();
+        let child = tokio::process::Command::new("nats-server")
+            .arg("-c")
+            .arg(&path)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("nats-server on PATH");
+        let mut server = NatsServer { child: Some(child), port, store_dir: dir.path().into() };
+        server.wait_ready(Duration::from_secs(15)).await.unwrap();
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let mut heard = client.subscribe("cache.>").await.unwrap();
+        for n in 0..20 {
+            client.publish(format!("cache.{n}"), "x".into()).await.unwrap();
+        }
+        for _ in 0..20 {
+            futures_util::StreamExt::next(&mut heard).await.expect("each message is heard");
+        }
+        let subsz = http_get(monitor, "/subsz").await;
+        server.stop().await;
+        let subsz: serde_json::Value = serde_json::from_str(&subsz).unwrap_or_else(|e| panic!("{e}: {subsz}"));
+        subsz["num_cache"].as_u64().unwrap_or_else(|| panic!("no num_cache in {subsz}"))
+    }
+
+    /// The body of a plain HTTP GET on the loopback.
+    async fn http_get(port: u16, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(response)
+    }
+
+    /// The servers we start keep no subscription cache: the server reads our file that way. The
+    /// same file without the setting caches every subject heard, so the count tells the two apart.
+    #[tokio::test]
+    async fn a_server_we_start_keeps_no_subscription_cache() {
+        let ours = server_config(SYNC_INTERVAL);
+        assert_eq!(cached_subjects_of_a_server_run_from(&ours).await, 0, "{ours}");
+        let without: String =
+            ours.lines().filter(|l| !l.contains("disable_sublist_cache")).map(|l| format!("{l}\n")).collect();
+        assert_ne!(without, ours, "the setting is a line of its own");
+        assert!(
+            cached_subjects_of_a_server_run_from(&without).await > 0,
+            "a server with its cache holds what it matched"
+        );
+    }
+
+    /// The file a server is started with is the one `server_config` writes.
+    #[tokio::test]
+    async fn a_server_started_without_a_file_runs_from_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = NatsServer::start(None, dir.path(), None).await.unwrap();
+        let written = std::fs::read_to_string(dir.path().join(CONFIG_FILE)).unwrap();
+        server.stop().await;
+        assert_eq!(written, server_config(&sync_interval()));
+    }
+
+    /// The production configuration and the separate-processes bench start their servers from
+    /// files of their own: each says the same.
+    #[test]
+    fn every_server_file_we_ship_or_script_turns_the_cache_off() {
+        for (file, text) in [
+            ("streams/nats-server.conf", include_str!("../../../streams/nats-server.conf")),
+            ("tools/bench-processes.sh", include_str!("../../../tools/bench-processes.sh")),
+        ] {
+            assert!(
+                text.lines().any(|l| l.trim_start().starts_with("disable_sublist_cache: true")
+                    || l.contains("\\ndisable_sublist_cache: true")),
+                "{file} leaves the server's subscription cache on"
             );
         }
     }
