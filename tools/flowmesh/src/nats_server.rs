@@ -297,21 +297,10 @@ mod tests {
     async fn cached_subjects_of_a_server_run_from(config: &str) -> u64 {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("server.conf");
-        let [port, monitor] = free_ports(2).unwrap()[..] else { unreachable!() };
+        let monitor = free_port().unwrap();
         // The monitoring port is the test's instrument, on the loopback only.
         std::fs::write(&path, format!("{config}http: \"127.0.0.1:{monitor}\"\n")).unwrap();
-        let child = tokio::process::Command::new("nats-server")
-            .arg("-c")
-            .arg(&path)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("nats-server on PATH");
-        let mut server = NatsServer { child: Some(child), port, store_dir: dir.path().into() };
-        server.wait_ready(Duration::from_secs(15)).await.unwrap();
+        let mut server = NatsServer::start_with(None, &dir.path().join("store"), None, Some(&path), &[]).await.unwrap();
         let client = async_nats::connect(server.url()).await.unwrap();
         let mut heard = client.subscribe("cache.>").await.unwrap();
         for n in 0..20 {
