@@ -22,6 +22,17 @@ pub const ROLE_PASSWORDS: [(&str, &str, &str); 5] = [
     ("admin", "FLOWMESH_ADMIN_PASSWORD", "admin-secret"),
 ];
 
+/// The body of `GET path` on a loopback port, over a plain TCP connection (HTTP/1.0: the server
+/// closes when done): a service's metrics, the nats-server monitoring port.
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response.split_once("\r\n\r\n").map_or(response.clone(), |(_, body)| body.to_owned()))
+}
+
 /// The test password of a role.
 pub fn role_password(role: &str) -> &'static str {
     ROLE_PASSWORDS.iter().find(|(r, _, _)| *r == role).map(|(_, _, pw)| *pw).expect("a known role")

@@ -1,4 +1,5 @@
-//! `flowmesh dev` keeps its data in `--data DIR`: a restarted stack remembers everything.
+//! `flowmesh dev` keeps its data in `--data DIR`: a restarted stack remembers everything; the
+//! servers it starts keep no subscription cache.
 
 use flowmesh::dev::{Stack, StackOptions};
 use flowmesh::submit::{self, End};
@@ -62,5 +63,45 @@ async fn ctrl_c_stops_flowmesh_dev_and_its_nats_server() -> anyhow::Result<()> {
     let status = tests::interrupt(&mut dev).await?;
     assert!(status.success(), "a clean exit on Ctrl-C: {status:?}");
     assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(), "its nats-server stopped too");
+    Ok(())
+}
+
+/// What the server's monitoring port says of its subscription cache (`/subsz`'s `num_cache`), for
+/// a server run from `config` once a subscriber has heard a few subjects.
+async fn cached_subjects_of_a_server_run_from(config: &str) -> anyhow::Result<u64> {
+    use flowmesh::nats_server::{NatsServer, free_port};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("server.conf");
+    let monitor = free_port()?;
+    // The monitoring port is the test's instrument, on the loopback only.
+    std::fs::write(&path, format!("{config}http: \"127.0.0.1:{monitor}\"\n"))?;
+    let mut server = NatsServer::start_with(None, &dir.path().join("store"), None, Some(&path), &[]).await?;
+    let client = async_nats::connect(server.url()).await?;
+    let mut heard = client.subscribe("cache.>").await?;
+    for n in 0..20 {
+        client.publish(format!("cache.{n}"), "x".into()).await?;
+    }
+    for _ in 0..20 {
+        tokio::time::timeout(tests::DEADLINE, futures_util::StreamExt::next(&mut heard))
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the subscription ended"))?;
+    }
+    let subsz = tests::http_get(monitor, "/subsz").await?;
+    server.stop().await;
+    let subsz: serde_json::Value = serde_json::from_str(&subsz).map_err(|e| anyhow::anyhow!("{e}: {subsz}"))?;
+    subsz["num_cache"].as_u64().ok_or_else(|| anyhow::anyhow!("no num_cache in {subsz}"))
+}
+
+/// The servers the dev stack and the tests start keep no subscription cache: the server reads
+/// `server_config` that way. The same file without the setting caches the subjects it matched,
+/// so the count tells the two apart.
+#[tokio::test]
+async fn a_server_we_start_keeps_no_subscription_cache() -> anyhow::Result<()> {
+    let ours = flowmesh::nats_server::server_config(flowmesh::nats_server::SYNC_INTERVAL);
+    assert_eq!(cached_subjects_of_a_server_run_from(&ours).await?, 0, "{ours}");
+    let without: String =
+        ours.lines().filter(|l| !l.contains("disable_sublist_cache")).map(|l| format!("{l}\n")).collect();
+    assert_ne!(without, ours, "the setting is a line of its own");
+    assert!(cached_subjects_of_a_server_run_from(&without).await? > 0, "a server with its cache holds what it matched");
     Ok(())
 }

@@ -58,16 +58,6 @@ async fn services_answer_srv_ping_and_report_their_status() -> anyhow::Result<()
     Ok(())
 }
 
-/// `GET /metrics` over a plain TCP connection (HTTP/1.0: the server closes when done).
-async fn scrape(port: u16) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body)
-}
-
 #[tokio::test]
 async fn metrics_count_verdicts_dispatches_and_tasks() -> anyhow::Result<()> {
     let mut world = World::start().await?;
@@ -86,6 +76,7 @@ async fn metrics_count_verdicts_dispatches_and_tasks() -> anyhow::Result<()> {
     // Counters are updated right after the events they count; poll the endpoint briefly.
     let deadline = tokio::time::Instant::now() + tests::DEADLINE;
     loop {
+        let scrape = |port| tests::http_get(port, "/metrics");
         let (validator, router, worker) = (scrape(ports[0]).await?, scrape(ports[1]).await?, scrape(ports[2]).await?);
         let ok = validator.contains("flowmesh_verdicts_total{verdict=\"accepted\"} 1")
             && validator.contains("flowmesh_verdicts_total{verdict=\"rejected\"} 1")

@@ -58,7 +58,7 @@ fn sync_interval() -> String {
 /// on each miss). Without it, bursts cost the server 4-10% less CPU per task and ran 1-7% more
 /// tasks a second, and the raw round trip 6-14% more messages (BENCHMARKS, "Thirty-sixth round").
 /// `streams/nats-server.conf` and `tools/bench-processes.sh` say the same.
-fn server_config(sync_interval: &str) -> String {
+pub fn server_config(sync_interval: &str) -> String {
     format!("jetstream {{ sync_interval: {sync_interval:?} }}\ndisable_sublist_cache: true\n")
 }
 
@@ -290,54 +290,6 @@ mod tests {
                 "{file} sets GOGC to {values:?}, where the dev stack uses {GOGC}"
             );
         }
-    }
-
-    /// What the server's monitoring port says of its subscription cache (`/subsz`'s
-    /// `num_cache`), for a server run from `config` after a subscriber has heard a few subjects.
-    async fn cached_subjects_of_a_server_run_from(config: &str) -> u64 {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("server.conf");
-        let monitor = free_port().unwrap();
-        // The monitoring port is the test's instrument, on the loopback only.
-        std::fs::write(&path, format!("{config}http: \"127.0.0.1:{monitor}\"\n")).unwrap();
-        let mut server = NatsServer::start_with(None, &dir.path().join("store"), None, Some(&path), &[]).await.unwrap();
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let mut heard = client.subscribe("cache.>").await.unwrap();
-        for n in 0..20 {
-            client.publish(format!("cache.{n}"), "x".into()).await.unwrap();
-        }
-        for _ in 0..20 {
-            futures_util::StreamExt::next(&mut heard).await.expect("each message is heard");
-        }
-        let subsz = http_get(monitor, "/subsz").await;
-        server.stop().await;
-        let subsz: serde_json::Value = serde_json::from_str(&subsz).unwrap_or_else(|e| panic!("{e}: {subsz}"));
-        subsz["num_cache"].as_u64().unwrap_or_else(|| panic!("no num_cache in {subsz}"))
-    }
-
-    /// The body of a plain HTTP GET on the loopback.
-    async fn http_get(port: u16, path: &str) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(response)
-    }
-
-    /// The servers we start keep no subscription cache: the server reads our file that way. The
-    /// same file without the setting caches every subject heard, so the count tells the two apart.
-    #[tokio::test]
-    async fn a_server_we_start_keeps_no_subscription_cache() {
-        let ours = server_config(SYNC_INTERVAL);
-        assert_eq!(cached_subjects_of_a_server_run_from(&ours).await, 0, "{ours}");
-        let without: String =
-            ours.lines().filter(|l| !l.contains("disable_sublist_cache")).map(|l| format!("{l}\n")).collect();
-        assert_ne!(without, ours, "the setting is a line of its own");
-        assert!(
-            cached_subjects_of_a_server_run_from(&without).await > 0,
-            "a server with its cache holds what it matched"
-        );
     }
 
     /// The file a server is started with is the one `server_config` writes.
