@@ -30,7 +30,7 @@ pub async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    Ok(response.split_once("\r\n\r\n").map_or(response.clone(), |(_, body)| body.to_owned()))
+    Ok(response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or(response))
 }
 
 /// The test password of a role.
