@@ -206,12 +206,12 @@ async fn every_failure_at_once_loses_no_acknowledged_submission_and_folds_no_for
         task_ids: fake.tasks.iter().map(|t| t.task_id.clone()).collect(),
         workflow: fake,
     }));
-    store(&evil, subjects::event("wf-forged.wf-forged-s1.task.completed.evil"), None, accepted).await?;
+    store(&evil, subjects::event("evil.wf-forged.wf-forged-s1.task.completed"), None, accepted).await?;
     let next = world.handles.js.get_stream(submissions).await?.info().await?.state.last_sequence + 1;
     let victim = format!("wf-{next}");
     let claims = [format!("sub.{next}.verdict"), format!("{victim}-s1.1.end")];
     for claim in &claims {
-        let subject = subjects::event(&format!("{victim}.{victim}-s1.task.updated.evil"));
+        let subject = subjects::event(&format!("evil.{victim}.{victim}-s1.task.updated"));
         store(&evil, subject, Some(claim), b"{}".to_vec()).await?;
     }
     for stage in STAGES {
@@ -225,7 +225,7 @@ async fn every_failure_at_once_loses_no_acknowledged_submission_and_folds_no_for
             upload_ms: None,
             started_at: None,
         }));
-        store(&evil, subjects::event(&format!("{victim}.{task_id}.task.completed.evil")), None, forged).await?;
+        store(&evil, subjects::event(&format!("evil.{victim}.{task_id}.task.completed")), None, forged).await?;
     }
     refused.extend(submit_pipelines(&world, per_round, &mut acknowledged).await);
     assert!(acknowledged.contains(&victim), "the victim {victim} was not submitted");

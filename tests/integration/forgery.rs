@@ -99,15 +99,15 @@ async fn a_worker_cannot_forge_accept_complete_or_preclaim() -> anyhow::Result<(
         task_ids: forged_workflow.tasks.iter().map(|t| t.task_id.clone()).collect(),
         workflow: forged_workflow,
     }));
-    store(&evil, subjects::event("wf-900.wf-900-main.task.started.evil"), None, accepted.clone()).await?;
+    store(&evil, subjects::event("evil.wf-900.wf-900-main.task.started"), None, accepted.clone()).await?;
     // Where only the validator may write, the server refuses it.
-    assert!(store(&evil, subjects::event("wf-900._.submission.accepted"), None, accepted).await.is_err());
+    assert!(store(&evil, subjects::event("_.wf-900._.submission.accepted"), None, accepted).await.is_err());
 
     // 2. Ids claimed ahead of time: the next submission's verdict and its task's end.
     let next = world.handles.js.get_stream(subjects::SUBMISSIONS_STREAM).await?.info().await?.state.last_sequence + 1;
     let (victim, task) = (format!("wf-{next}"), format!("wf-{next}-main"));
     for id in [format!("sub.{next}.verdict"), format!("{task}.1.end"), format!("{task}.1.started")] {
-        store(&evil, subjects::event(&format!("{victim}.{task}.task.updated.evil")), Some(&id), b"{}".to_vec()).await?;
+        store(&evil, subjects::event(&format!("evil.{victim}.{task}.task.updated")), Some(&id), b"{}".to_vec()).await?;
     }
 
     // 3. The victim's task runs on `own`; evil completes it with a made-up result, once in its
@@ -205,7 +205,7 @@ async fn a_worker_cannot_forge_accept_complete_or_preclaim() -> anyhow::Result<(
     // `{}` bodies that claimed ids.
     let skipped = world.skipped();
     assert_eq!(skipped.len(), 5, "{skipped:#?}");
-    assert!(skipped.iter().all(|s| s.subject.ends_with(".evil")));
+    assert!(skipped.iter().all(|s| s.subject.starts_with("flowmesh.events.evil.")), "{skipped:#?}");
     world.shutdown().await;
     Ok(())
 }
@@ -234,7 +234,7 @@ async fn malformed_events_are_skipped_counted_and_shown_never_a_stop() -> anyhow
     let mut junk = Vec::new();
     for kind in subjects::REPORT_KINDS {
         for (what, body) in &bodies {
-            let subject = subjects::event(&format!("wf-1.wf-1-main.{kind}.w1"));
+            let subject = subjects::event(&format!("w1.wf-1.wf-1-main.{kind}"));
             let seq = store(&world.handles.js, subject.clone(), None, body.clone()).await?;
             junk.push((seq, subject, *what));
         }
@@ -296,7 +296,7 @@ async fn a_retried_publish_of_a_claimed_id_finds_its_copy_and_stores_no_other() 
     let js = &world.handles.js;
     let body = TaskCancelRequested { workflow_id: "wf-7".into(), task_id: None, reason: "operator".into() };
     let event = Event::new(EventBody::TaskCancelRequested(body), "2026-11-27T00:00:00Z".into(), 0);
-    store(js, subjects::event("wf-7.wf-7-main.task.updated.evil"), Some(&event.id), b"{}".to_vec()).await?;
+    store(js, subjects::event("evil.wf-7.wf-7-main.task.updated"), Some(&event.id), b"{}".to_vec()).await?;
 
     let first = flowmesh_nats::publish::publish_event(js, &event, Author::Service).await?;
     let again = flowmesh_nats::publish::publish_event(js, &event, Author::Service).await?;

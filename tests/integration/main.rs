@@ -23,6 +23,7 @@ mod skeleton;
 mod ssh;
 mod streams;
 mod trace;
+mod upgrade;
 mod validator;
 mod verbs;
 mod warm;

@@ -190,16 +190,16 @@ impl Action {
         match self {
             Submit => "flowmesh.submit",
             WriteVerdict => "submission.accepted",
-            WriteDispatch => "task.dispatched.own",
+            WriteDispatch => "own.wf-1.wf-1-main.task.dispatched",
             WriteRequeue => "task.requeued",
             EndWorkflow => "workflow.completed",
             WritePurgeRecord => "workflows.purged",
-            ReportAsOwn => "task.completed.own",
-            ReportAsOther => "task.completed.other",
+            ReportAsOwn => "own.wf-1.wf-1-main.task.completed",
+            ReportAsOther => "other.wf-1.wf-1-main.task.completed",
             SendWork => "flowmesh.work.own",
             SendHint => "flowmesh.hints.wf-1.",
             HearHints => "flowmesh.hints.wf-1.*",
-            HearEvents => "flowmesh.events.*.*.task.completed.*",
+            HearEvents => "flowmesh.events.*.*.*.task.completed",
             WriteOwnSnapshot => "$KV.flowmesh_workers.own",
             WriteOtherSnapshot => "$KV.flowmesh_workers.other",
             RollUpFleet => "$KV.flowmesh_workers",
@@ -236,16 +236,16 @@ impl Action {
 
     /// Tries the action as `me`; `Ok` when the server did it.
     async fn run(self, user: &str, me: &Login, world: &World, seeds: &Seeds) -> Result<(), String> {
-        let event = |suffix: &str| subjects::event(&format!("wf-1.{suffix}"));
+        let event = |first: &str, suffix: &str| subjects::event(&format!("{first}.wf-1.{suffix}"));
         match self {
             Submit => store(&me.js, subjects::SUBMIT.to_owned(), b"apiVersion: flowmesh/v1").await,
-            WriteVerdict => store(&me.js, event("_.submission.accepted"), b"{}").await,
-            WriteDispatch => store(&me.js, event("wf-1-main.task.dispatched.own"), b"{}").await,
-            WriteRequeue => store(&me.js, event("wf-1-main.task.requeued"), b"{}").await,
-            EndWorkflow => store(&me.js, event("_.workflow.completed"), b"{}").await,
+            WriteVerdict => store(&me.js, event("_", "_.submission.accepted"), b"{}").await,
+            WriteDispatch => store(&me.js, event("own", "wf-1-main.task.dispatched"), b"{}").await,
+            WriteRequeue => store(&me.js, event("_", "wf-1-main.task.requeued"), b"{}").await,
+            EndWorkflow => store(&me.js, event("_", "_.workflow.completed"), b"{}").await,
             WritePurgeRecord => store(&me.js, subjects::purge_records(), b"{}").await,
-            ReportAsOwn => store(&me.js, event("wf-1-main.task.completed.own"), b"{}").await,
-            ReportAsOther => store(&me.js, event("wf-1-main.task.completed.other"), b"{}").await,
+            ReportAsOwn => store(&me.js, event("own", "wf-1-main.task.completed"), b"{}").await,
+            ReportAsOther => store(&me.js, event("other", "wf-1-main.task.completed"), b"{}").await,
             SendWork => store(&me.js, subjects::work("own"), b"{}").await,
             // A core publish: refused by the server or heard by the admin's subscription.
             SendHint => {
@@ -259,7 +259,7 @@ impl Action {
             }
             HearHints => hear(me, world, &subjects::workflow_hints("wf-1"), &subjects::hint("wf-1", "wf-1-main")).await,
             HearEvents => {
-                let probe = subjects::event("wf-hear.wf-hear-main.task.completed.w-1");
+                let probe = subjects::event("w-1.wf-hear.wf-hear-main.task.completed");
                 hear(me, world, &subjects::events_of_kind("task.completed"), &probe).await
             }
             WriteOwnSnapshot => kv_put(&me.js, subjects::WORKERS_BUCKET, "own").await,

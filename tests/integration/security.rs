@@ -83,16 +83,20 @@ async fn each_role_does_its_work_and_nothing_else() -> anyhow::Result<()> {
 
     // Outside their roles, the server refuses them.
     let submitter_js = client(&world, "submitter").await?;
-    assert!(refused(&submitter_js, "flowmesh.events.wf-9._.workflow.completed").await, "a submitter forges an event");
+    assert!(refused(&submitter_js, "flowmesh.events._.wf-9._.workflow.completed").await, "a submitter forges an event");
     assert!(refused(&submitter_js, "flowmesh.work.sw").await, "a submitter sends work");
     let worker_js = client(&world, "worker").await?;
     assert!(refused(&worker_js, "flowmesh.submit").await, "a worker submits");
-    assert!(refused(&worker_js, "flowmesh.events.wf-9.wf-9-main.task.dispatched").await, "a worker dispatches");
+    assert!(refused(&worker_js, "flowmesh.events.other.wf-9.wf-9-main.task.dispatched").await, "a worker dispatches");
     assert!(
-        refused(&worker_js, "flowmesh.events.wf-9.wf-9-main.task.dispatched.sw").await,
+        refused(&worker_js, "flowmesh.events.sw.wf-9.wf-9-main.task.dispatched").await,
         "a worker dispatches to itself"
     );
-    assert!(refused(&worker_js, "flowmesh.events.wf-9._.workflow.completed").await, "a worker ends a workflow");
+    assert!(refused(&worker_js, "flowmesh.events._.wf-9._.workflow.completed").await, "a worker ends a workflow");
+    assert!(
+        refused(&worker_js, "flowmesh.events._.wf-9.wf-9-main.task.failed").await,
+        "a worker fails a task in a service's name"
+    );
     assert!(worker_js.delete_stream("FLOWMESH_EVENTS").await.is_err(), "a worker deletes the log");
     assert!(client(&world, "worker").await.is_ok());
     let wrong =

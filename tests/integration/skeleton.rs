@@ -31,7 +31,12 @@ async fn echo_from_nats_pub_to_stored_result() -> anyhow::Result<()> {
     assert!(stored.iter().all(|(subject, _)| !subject.contains(".workflow.")), "{stored:?}");
     // The dispatch is the work order: on its worker's subject, carrying the order, and the work
     // stream (orders that hold a secret) took nothing.
-    assert!(stored.iter().any(|(subject, _)| subject.ends_with(".task.dispatched.w1")), "{stored:?}");
+    assert!(
+        stored
+            .iter()
+            .any(|(subject, _)| subject.starts_with("flowmesh.events.w1.") && subject.ends_with(".task.dispatched")),
+        "{stored:?}"
+    );
     let order = events.iter().find_map(|e| match &e.body {
         EventBody::TaskDispatched(d) => d.order.clone(),
         _ => None,

@@ -349,6 +349,14 @@ macro_rules! event_bodies {
                 }
             }
 
+            /// Every kind of event this version knows (`<noun>.<verb>`).
+            pub const KINDS: &'static [&'static str] = &[$($tag),*];
+
+            /// Whether `kind` (`<noun>.<verb>`) is a kind of event this version knows.
+            pub fn is_kind(kind: &str) -> bool {
+                matches!(kind, $($tag)|*)
+            }
+
             /// The body of a JSON event whose `type` is `kind`, read straight into its struct
             /// (the envelope's `id`, `time` and `type` are ignored there); `None` for a kind
             /// this version does not know.
@@ -400,7 +408,8 @@ event_bodies! {
     "workflows.purged" => WorkflowsPurged(WorkflowsPurged),
 }
 
-/// The subject token used when an event has no workflow (fleet events) or no task.
+/// The subject token used when an event has no workflow (fleet events), no task, or (first
+/// token) no worker: an event a service writes about no worker's queue.
 pub const NO_SCOPE: &str = "_";
 /// The workflow-position token of fleet events.
 pub const FLEET_SCOPE: &str = "fleet";
@@ -575,24 +584,65 @@ impl EventBody {
 /// Who wrote an event, as its subject says. NATS permissions decide who may publish on which
 /// subject (`streams/nats-server.conf`), so a reader that checks a body against its subject knows
 /// its author without trusting anything the body claims.
+///
+/// The subject below `flowmesh.events.` is `<worker>.<workflow>.<task>.<noun>.<verb>`. The first
+/// token is the worker a report is by, or the worker a dispatch is for (whose queue it is), and
+/// `_` for every other event: the workers' dispatch consumers then filter on a literal first
+/// token, so the server's search of its subject index for one worker's dispatches stays within
+/// that worker's subjects ("The event subject layout" in ARCHITECTURE). Logs written before
+/// this layout (`<workflow>.<task>.<noun>.<verb>`, with `.<worker>` after a report or a
+/// dispatch) are read as well: [`Layout`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Author<'a> {
-    /// The validator, the router or an operator: `<workflow>.<task>.<noun>.<verb>`.
+    /// The validator, the router or an operator: `_.<workflow>.<task>.<noun>.<verb>`, and a
+    /// dispatch, `<W>.<workflow>.<task>.task.dispatched`.
     Service,
-    /// Worker W reporting on work dispatched to it: `<workflow>.<task>.task.<verb>.<W>`.
+    /// Worker W reporting on work dispatched to it: `<W>.<workflow>.<task>.task.<verb>`.
     Worker(&'a str),
 }
 
+/// How a subject below `flowmesh.events.` places its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `<worker|_>.<workflow>.<task>.<noun>.<verb>`: what every writer writes.
+    WorkerFirst,
+    /// `<workflow>.<task>.<noun>.<verb>[.<worker>]`: logs written before the worker came first.
+    /// No role may write it any more; it is read so that an older log folds as it did.
+    Legacy,
+}
+
+impl Layout {
+    /// The layout of `subject_suffix`: worker-first when it has five tokens and the last two
+    /// are a kind of event. No subject reads both ways: a kind's verb is never a kind's noun,
+    /// so the fourth token cannot end one kind (legacy) and begin another (worker-first).
+    pub fn of(subject_suffix: &str) -> Layout {
+        let mut dots = subject_suffix.match_indices('.').map(|(at, _)| at);
+        match (dots.nth(2), dots.next(), dots.next()) {
+            (Some(third), Some(_), None) if EventBody::is_kind(&subject_suffix[third + 1..]) => Layout::WorkerFirst,
+            _ => Layout::Legacy,
+        }
+    }
+}
+
 impl<'a> Author<'a> {
-    /// The author a subject below `flowmesh.events.` names: a fifth token is the reporting
-    /// worker, except after `task.dispatched`, where it is the worker the router sent it to.
+    /// The author a subject below `flowmesh.events.` names: the first token, unless it is `_`
+    /// or the event a dispatch (both written by a service). In a legacy subject, a fifth token
+    /// is the reporting worker, except after `task.dispatched`.
     pub fn of(subject_suffix: &'a str) -> Author<'a> {
         let mut tokens = subject_suffix.splitn(5, '.');
         let mut next = || tokens.next();
-        match [next(), next(), next(), next(), next()] {
-            [_, _, Some("task"), Some("dispatched"), Some(_)] => Author::Service,
-            [_, _, _, _, Some(worker)] => Author::Worker(worker),
-            _ => Author::Service,
+        let tokens = [next(), next(), next(), next(), next()];
+        match Layout::of(subject_suffix) {
+            Layout::WorkerFirst => match tokens {
+                [Some(NO_SCOPE), ..] | [_, _, _, Some("task"), Some("dispatched")] => Author::Service,
+                [Some(worker), ..] => Author::Worker(worker),
+                _ => Author::Service,
+            },
+            Layout::Legacy => match tokens {
+                [_, _, Some("task"), Some("dispatched"), Some(_)] => Author::Service,
+                [_, _, _, _, Some(worker)] => Author::Worker(worker),
+                _ => Author::Service,
+            },
         }
     }
 }
@@ -652,16 +702,20 @@ impl Event {
     }
 
     /// The subject below `flowmesh.events.` of this event written by `author`:
-    /// `<workflow>.<task>.<noun>.<verb>`, with `.<worker_id>` appended for a worker's report and
-    /// for a dispatch (there it names the worker the order is for, which consumes that subject).
+    /// `<first>.<workflow>.<task>.<noun>.<verb>`, where `<first>` is the reporting worker for a
+    /// worker's report, the worker the order is for (which consumes that subject) for a
+    /// dispatch, and `_` for every other event.
     pub fn subject_suffix(&self, author: Author<'_>) -> String {
         let (workflow, task) = self.body.scope();
+        format!("{}.{workflow}.{task}.{}", self.first_token(author), self.body.kind())
+    }
+
+    /// The first token of this event's subject when `author` writes it ([`Event::subject_suffix`]).
+    fn first_token<'a>(&'a self, author: Author<'a>) -> &'a str {
         match (author, &self.body) {
-            (Author::Service, EventBody::TaskDispatched(d)) => {
-                format!("{workflow}.{task}.{}.{}", self.body.kind(), d.worker_id)
-            }
-            (Author::Service, _) => format!("{workflow}.{task}.{}", self.body.kind()),
-            (Author::Worker(worker), _) => format!("{workflow}.{task}.{}.{worker}", self.body.kind()),
+            (Author::Service, EventBody::TaskDispatched(d)) => &d.worker_id,
+            (Author::Service, _) => NO_SCOPE,
+            (Author::Worker(worker), _) => worker,
         }
     }
 
@@ -790,18 +844,25 @@ impl Event {
     }
 
     /// Whether `subject_suffix` is where `author` writes this event (`subject_suffix`), without
-    /// spelling it: every reader checks every event it folds. A dispatch stored before dispatches
-    /// named their worker in the subject is read without the worker's token.
+    /// spelling it: every reader checks every event it folds. A legacy subject is checked as it
+    /// was written ([`Layout::Legacy`]), and a dispatch stored before dispatches named their
+    /// worker in the subject is read without the worker's token.
     fn written_on(&self, author: Author<'_>, subject_suffix: &str) -> bool {
         let (workflow, task) = self.body.scope();
+        fn token<'a>(rest: &'a str, part: &str) -> Option<&'a str> {
+            rest.strip_prefix(part)?.strip_prefix('.')
+        }
+        if Layout::of(subject_suffix) == Layout::WorkerFirst {
+            return token(subject_suffix, self.first_token(author))
+                .and_then(|rest| token(rest, workflow))
+                .and_then(|rest| token(rest, task))
+                == Some(self.body.kind());
+        }
         let last = match (author, &self.body) {
             (Author::Service, EventBody::TaskDispatched(d)) => Some(d.worker_id.as_str()),
             (Author::Service, _) => None,
             (Author::Worker(worker), _) => Some(worker),
         };
-        fn token<'a>(rest: &'a str, part: &str) -> Option<&'a str> {
-            rest.strip_prefix(part)?.strip_prefix('.')
-        }
         let Some(after_kind) = token(subject_suffix, workflow)
             .and_then(|rest| token(rest, task))
             .and_then(|rest| rest.strip_prefix(self.body.kind()))

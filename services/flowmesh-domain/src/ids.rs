@@ -36,9 +36,13 @@ pub fn is_valid_stage_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// Whether `id` can be a worker id (a single NATS subject token and a KV key).
+/// Whether `id` can be a worker id (a single NATS subject token and a KV key). Not `_`: an event
+/// subject's first token is the worker it is by or for, and `_` there means no worker.
 pub fn is_valid_worker_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    !id.is_empty()
+        && id != crate::event::NO_SCOPE
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// A set of workflow ids that stays small however many it holds: ids of the form

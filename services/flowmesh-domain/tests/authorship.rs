@@ -78,6 +78,127 @@ type Case = (&'static str, String, Vec<u8>, Result<&'static str, &'static str>);
 fn a_body_is_believed_only_where_its_subject_agrees() {
     let s = "wf-1.wf-1-main.task.started";
     let cases: Vec<Case> = vec![
+        ("a worker's own report", format!("w1.{s}"), json(&started("w1")), Ok("task.started")),
+        ("a report naming another worker", format!("w2.{s}"), json(&started("w1")), Err("wrong author")),
+        ("a report on a service subject", format!("_.{s}"), json(&started("w1")), Err("wrong author")),
+        (
+            "a completion under a worker's name",
+            "w1.wf-1.wf-1-main.task.completed".into(),
+            json(&completed("w1")),
+            Ok("task.completed"),
+        ),
+        (
+            "a completion on a service subject",
+            "_.wf-1.wf-1-main.task.completed".into(),
+            json(&completed("w1")),
+            Err("wrong author"),
+        ),
+        (
+            "the router's failure (no worker)",
+            "_.wf-1.wf-1-main.task.failed".into(),
+            json(&failed(None)),
+            Ok("task.failed"),
+        ),
+        (
+            "the router's failure about a lost worker",
+            "_.wf-1.wf-1-main.task.failed".into(),
+            json(&failed(Some("w1"))),
+            Ok("task.failed"),
+        ),
+        (
+            "a worker's failure naming no worker",
+            "w1.wf-1.wf-1-main.task.failed".into(),
+            json(&failed(None)),
+            Err("wrong author"),
+        ),
+        (
+            "a dispatch on its worker's subject",
+            "w1.wf-1.wf-1-main.task.dispatched".into(),
+            json(&dispatched()),
+            Ok("task.dispatched"),
+        ),
+        (
+            "a dispatch on no worker's subject",
+            "_.wf-1.wf-1-main.task.dispatched".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        (
+            "a dispatch on another worker's subject",
+            "w2.wf-1.wf-1-main.task.dispatched".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        (
+            "a workflow's end under a worker's name",
+            "w1.wf-1._.workflow.completed".into(),
+            json(&workflow_completed("wf-1")),
+            Err("wrong author"),
+        ),
+        (
+            "a workflow's end",
+            "_.wf-1._.workflow.completed".into(),
+            json(&workflow_completed("wf-1")),
+            Ok("workflow.completed"),
+        ),
+        (
+            "another workflow than the subject's",
+            "_.wf-2._.workflow.completed".into(),
+            json(&workflow_completed("wf-1")),
+            Err("subject mismatch"),
+        ),
+        (
+            "a kind other than the subject's",
+            "w1.wf-1.wf-1-main.task.completed".into(),
+            json(&started("w1")),
+            Err("subject mismatch"),
+        ),
+        // Tokens are compared whole.
+        ("a worker whose id begins with the report's", format!("w10.{s}"), json(&started("w1")), Err("wrong author")),
+        (
+            "a dispatch to a worker whose id begins with its own",
+            "w10.wf-1.wf-1-main.task.dispatched".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        (
+            "a task whose id begins with the body's",
+            "w1.wf-1.wf-1-mainx.task.started".into(),
+            json(&started("w1")),
+            Err("subject mismatch"),
+        ),
+        (
+            "a token after the kind",
+            "w1.wf-1.wf-1-main.task.dispatched.x".into(),
+            json(&dispatched()),
+            Err("wrong author"),
+        ),
+        (
+            "the worker after the kind and before it",
+            "w1.wf-1.wf-1-main.task.started.w1".into(),
+            json(&started("w1")),
+            Err("wrong author"),
+        ),
+        (
+            "the tokens out of order",
+            "w1.wf-1-main.wf-1.task.dispatched".into(),
+            json(&dispatched()),
+            Err("subject mismatch"),
+        ),
+        ("an empty object", format!("w1.{s}"), b"{}".to_vec(), Err("not an event")),
+    ];
+    for (what, suffix, payload, want) in cases {
+        assert_eq!(check(Event::read, &suffix, &payload), want, "{what}");
+        assert_eq!(check(Event::read_skipping_orders, &suffix, &payload), want, "{what}, skipping orders");
+    }
+}
+
+/// A log written before the worker-first layout (`<workflow>.<task>.<noun>.<verb>`, with the
+/// worker after a report's or a dispatch's kind) is believed as it was then, and no more.
+#[test]
+fn a_legacy_subject_is_believed_only_where_it_agrees() {
+    let s = "wf-1.wf-1-main.task.started";
+    let cases: Vec<Case> = vec![
         ("a worker's own report", format!("{s}.w1"), json(&started("w1")), Ok("task.started")),
         ("a report naming another worker", format!("{s}.w2"), json(&started("w1")), Err("wrong author")),
         ("a report on a service subject", s.into(), json(&started("w1")), Err("wrong author")),
@@ -299,4 +420,38 @@ fn what_a_writer_publishes_reads_back() {
         let suffix = event.subject_suffix(author);
         assert_eq!(Event::read(&suffix, &json(&event)), Ok(event.clone()), "{suffix}");
     }
+}
+
+/// A subject reads one way only: no kind's verb is a kind's noun, so the tokens of a legacy
+/// subject (`<workflow>.<task>.<noun>.<verb>.<worker>`) never end in a kind, and the layout is
+/// told from the subject alone.
+#[test]
+fn a_subject_has_one_layout() {
+    use flowmesh_domain::event::Layout;
+    let nouns: Vec<&str> = EventBody::KINDS.iter().map(|k| k.split_once('.').unwrap().0).collect();
+    for kind in EventBody::KINDS {
+        let (_, verb) = kind.split_once('.').unwrap();
+        assert!(!nouns.contains(&verb), "{kind}: its verb is a noun");
+        assert!(EventBody::is_kind(kind));
+    }
+    let cases = [
+        ("w1.wf-1.wf-1-main.task.completed", Layout::WorkerFirst),
+        ("_.wf-1._.submission.accepted", Layout::WorkerFirst),
+        ("_._._.workflows.purged", Layout::WorkerFirst),
+        // Legacy: a report, a dispatch, a service's event, a dispatch without its worker.
+        ("wf-1.wf-1-main.task.completed.w1", Layout::Legacy),
+        ("wf-1.wf-1-main.task.dispatched.w1", Layout::Legacy),
+        ("wf-1._.submission.accepted", Layout::Legacy),
+        ("wf-1.wf-1-main.task.dispatched", Layout::Legacy),
+        // Neither: read as legacy, and refused there.
+        ("w1.wf-1.wf-1-main.task.exploded", Layout::Legacy),
+        ("w1.wf-1.wf-1-main.task.completed.x", Layout::Legacy),
+        ("", Layout::Legacy),
+    ];
+    for (suffix, layout) in cases {
+        assert_eq!(Layout::of(suffix), layout, "{suffix}");
+    }
+    // `_` first means no worker, so no worker may be called that.
+    assert!(!flowmesh_domain::ids::is_valid_worker_id("_"));
+    assert!(flowmesh_domain::ids::is_valid_worker_id("gpu_1") && flowmesh_domain::ids::is_valid_worker_id("__"));
 }

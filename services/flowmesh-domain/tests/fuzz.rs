@@ -18,7 +18,7 @@
 //! - the fold's reading (`read_skipping_orders`) agrees, but for the order it leaves out.
 
 use flowmesh_domain::Event;
-use flowmesh_domain::event::{Author, EventBody, Unreadable};
+use flowmesh_domain::event::{Author, EventBody, Layout, Unreadable};
 use flowmesh_domain::state::State;
 use flowmesh_domain::validate_submission;
 use serde_json::{Value, json};
@@ -147,8 +147,26 @@ fn mutated_documents_get_one_verdict_and_never_panic() {
 
 const TIME: &str = "2026-11-27T10:30:24.843Z";
 
-/// One message of every kind, on the subject (below `flowmesh.events.`) its writer uses.
+/// One message of every kind, on the subject (below `flowmesh.events.`) its writer uses, and
+/// each again where a log written before the worker-first layout has it.
 fn corpus() -> Vec<(String, Value)> {
+    let legacy = legacy_corpus();
+    let now = legacy.iter().map(|(subject, event)| (worker_first(subject), event.clone()));
+    now.collect::<Vec<_>>().into_iter().chain(legacy).collect()
+}
+
+/// A legacy subject (`<workflow>.<task>.<noun>.<verb>[.<worker>]`) as it is written now:
+/// `<worker|_>.<workflow>.<task>.<noun>.<verb>`.
+fn worker_first(legacy: &str) -> String {
+    let tokens: Vec<&str> = legacy.split('.').collect();
+    match tokens.as_slice() {
+        [rest @ .., worker] if tokens.len() == 5 => format!("{worker}.{}", rest.join(".")),
+        _ => format!("_.{legacy}"),
+    }
+}
+
+/// One message of every kind, on the subject its writer used before the worker-first layout.
+fn legacy_corpus() -> Vec<(String, Value)> {
     let task = |kind: &str, extra: Value| {
         let mut event = json!({
             "id": format!("wf-1-main.1.{kind}"), "time": TIME, "type": kind,
@@ -503,6 +521,8 @@ fn mutated_events_are_read_as_their_subject_says_or_refused_and_never_panic() {
         kinds.insert(read.body.kind());
     }
     assert_eq!(kinds.len(), 23, "every kind of event is in the corpus: {kinds:?}");
+    assert!(corpus.iter().any(|(subject, _)| Layout::of(subject) == Layout::Legacy));
+    assert!(corpus.iter().any(|(subject, _)| Layout::of(subject) == Layout::WorkerFirst));
 
     let mut rng = Rng(seed(0xF1E2_D3C4_B5A6_9788));
     let (mut read, mut refused) = (0usize, BTreeSet::new());
@@ -580,14 +600,18 @@ fn mutated_events_are_read_as_their_subject_says_or_refused_and_never_panic() {
 
         // What it believes is what the subject says.
         let (workflow, task) = event.body.scope();
-        let mut tokens = subject.split('.');
+        let layout = Layout::of(&subject);
+        let mut tokens = subject.split('.').skip(usize::from(layout == Layout::WorkerFirst));
         assert_eq!((tokens.next(), tokens.next()), (Some(workflow), Some(task)), "{}", context());
         let author = Author::of(&subject);
         let written = event.subject_suffix(author);
-        // A dispatch stored before dispatches named their worker in the subject reads too.
-        let legacy = matches!(event.body, EventBody::TaskDispatched(_))
-            && written.rsplit_once('.').is_some_and(|(without_worker, _)| without_worker == subject);
-        assert!(written == subject || legacy, "{}: written on {written}", context());
+        // A legacy subject reads as what is now written in its place; a dispatch stored before
+        // dispatches named their worker in the subject reads too.
+        let as_written = if layout == Layout::Legacy { worker_first(&subject) } else { subject.clone() };
+        let workerless = layout == Layout::Legacy
+            && matches!(event.body, EventBody::TaskDispatched(_))
+            && written.split_once('.').is_some_and(|(_, without_worker)| without_worker == subject);
+        assert!(written == as_written || workerless, "{}: written on {written}", context());
         if let Author::Worker(worker) = author {
             assert_eq!(event.body.reporter(), Some(worker), "{}", context());
         }

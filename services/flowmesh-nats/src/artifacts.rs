@@ -91,16 +91,24 @@ pub async fn product_streams(js: &jetstream::Context) -> Result<Vec<String>, Edg
 /// The latest retention record (`workflows.purged`): every workflow whose events the router has
 /// removed from the log, with the record's sequence there (a later record has a higher one);
 /// `None` where nothing was ever purged. Only the router and the admin may write that subject,
-/// and the record is believed only where `Event::read` accepts it.
+/// and the record is believed only where `Event::read` accepts it. A log whose every record was
+/// written before the worker-first layout has its latest on the legacy subject.
 pub async fn purged_workflows(js: &jetstream::Context) -> Result<Option<(u64, WorkflowIds)>, EdgeError> {
     use async_nats::jetstream::stream::LastRawMessageErrorKind;
     let what = "reading the latest purge record";
     let log = js.get_stream_no_info(subjects::EVENTS_STREAM).await.map_err(|e| EdgeError::transient(what, e))?;
-    let message = match log.get_last_raw_message_by_subject(&subjects::purge_records()).await {
-        Ok(message) => message,
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-        Err(e) => return Err(EdgeError::transient(what, e)),
-    };
+    let mut found = None;
+    for subject in [subjects::purge_records(), subjects::legacy_purge_records()] {
+        match log.get_last_raw_message_by_subject(&subject).await {
+            Ok(message) => {
+                found = Some(message);
+                break;
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(e) => return Err(EdgeError::transient(what, e)),
+        }
+    }
+    let Some(message) = found else { return Ok(None) };
     let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
     match Event::read(suffix, &message.payload) {
         Ok(Event { body: EventBody::WorkflowsPurged(record), .. }) => Ok(Some((message.sequence, record.workflows))),

@@ -242,8 +242,8 @@ mod tests {
             "\"$JS.ACK.FLOWMESH_WORK.worker-gpu-1.>\"",
             "\"flowmesh.control.gpu-1.cancel\"",
             "\"flowmesh.worker.gpu-1.status\"",
-            "\"flowmesh.events.*.*.task.completed.gpu-1\"",
-            "\"flowmesh.events.*.*.task.failed.gpu-1\"",
+            "\"flowmesh.events.gpu-1.*.*.task.completed\"",
+            "\"flowmesh.events.gpu-1.*.*.task.failed\"",
             "\"flowmesh.logs.*.*.gpu-1\"",
             "\"_INBOX_worker-gpu-1.>\"",
             // What names no worker stays as in the role.

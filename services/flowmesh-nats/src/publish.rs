@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn a_copy_stands_for_ours_when_its_writer_may_have_written_ours_or_ended_the_same_attempt() {
-        let claim = (subjects::event("wf-3.wf-3-s1.task.updated.evil"), b"{}".to_vec());
+        let claim = (subjects::event("evil.wf-3.wf-3-s1.task.updated"), b"{}".to_vec());
         let work = |w: &str| (subjects::work(w), b"order".to_vec());
         #[rustfmt::skip]
         let table: Vec<(&str, Message, Message, bool)> = vec![

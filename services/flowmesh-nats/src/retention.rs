@@ -23,3 +23,16 @@ pub async fn delete_event(js: &Context, seq: u64) -> Result<(), String> {
         Response::Err { error } => Err(error.to_string()),
     }
 }
+
+/// Purges every event of one workflow by its subjects, those a log written before the
+/// worker-first layout has included (`subjects::legacy_workflow_events`); returns how many
+/// messages went. The costly way (the server recounts every consumer's pending): for a workflow
+/// whose sequences the router does not know.
+pub async fn purge_workflow(log: &async_nats::jetstream::stream::Stream, workflow_id: &str) -> Result<u64, String> {
+    let legacy = subjects::legacy_workflow_events(workflow_id);
+    let mut purged = 0;
+    for filter in std::iter::once(subjects::workflow_events(workflow_id)).chain(legacy) {
+        purged += log.purge().filter(filter).await.map_err(|e| e.to_string())?.purged;
+    }
+    Ok(purged)
+}

@@ -1,6 +1,6 @@
 //! Every subject, stream, bucket and consumer name. Nothing else spells one.
 
-use flowmesh_domain::event::{FLEET_SCOPE, NO_SCOPE};
+use flowmesh_domain::event::{FLEET_SCOPE, Layout, NO_SCOPE};
 
 pub const SUBMIT: &str = "flowmesh.submit";
 pub const EVENTS_PREFIX: &str = "flowmesh.events";
@@ -60,7 +60,7 @@ pub fn inbox(user: &str) -> String {
 /// The durable consumer all validators share (competing consumers).
 pub const VALIDATORS_CONSUMER: &str = "validators";
 
-/// `flowmesh.events.<workflow>.<task>.<noun>.<verb>`.
+/// `flowmesh.events.<worker|_>.<workflow>.<task>.<noun>.<verb>` (`Event::subject_suffix`).
 pub fn event(suffix: &str) -> String {
     format!("{EVENTS_PREFIX}.{suffix}")
 }
@@ -70,28 +70,30 @@ pub fn event_suffix(subject: &str) -> Option<&str> {
     subject.strip_prefix(EVENTS_PREFIX)?.strip_prefix('.')
 }
 
-/// The kind an event's subject suffix names (`<noun>.<verb>`, e.g. `task.dispatched`). A body is
-/// believed only where it agrees with its subject (`Event::read`), so a reader that wants a few
-/// kinds may skip the others by this, without decoding them.
+/// The kind an event's subject suffix names (`<noun>.<verb>`, e.g. `task.dispatched`): its last
+/// two tokens, or in a legacy subject (`Layout::Legacy`) its third and fourth. A body is believed
+/// only where it agrees with its subject (`Event::read`), so a reader that wants a few kinds may
+/// skip the others by this, without decoding them.
 pub fn event_kind(suffix: &str) -> Option<&str> {
     let mut dots = suffix.match_indices('.').map(|(at, _)| at);
-    let start = dots.nth(1)? + 1;
-    let end = dots.nth(1).unwrap_or(suffix.len());
+    let (start, end) = match Layout::of(suffix) {
+        Layout::WorkerFirst => (dots.nth(2)? + 1, suffix.len()),
+        Layout::Legacy => (dots.nth(1)? + 1, dots.nth(1).unwrap_or(suffix.len())),
+    };
     (start < end).then(|| &suffix[start..end])
 }
 
-/// The kinds a worker reports, each on `flowmesh.events.<workflow>.<task>.<kind>.<worker_id>`.
+/// The kinds a worker reports, each on `flowmesh.events.<worker_id>.<workflow>.<task>.<kind>`.
 pub const REPORT_KINDS: [&str; 5] = ["task.started", "task.updated", "task.completed", "task.failed", "task.cancelled"];
 
 /// Every report of `kind` written by `worker` (`*` for any worker), in any workflow.
 pub fn reports(kind: &str, worker: &str) -> String {
-    format!("{EVENTS_PREFIX}.*.*.{kind}.{worker}")
+    format!("{EVENTS_PREFIX}.{worker}.*.*.{kind}")
 }
 
-/// Every event of `kind` (`<noun>.<verb>`) in any workflow, whoever wrote it: a worker's report
-/// carries the worker's id after its kind (`reports`), a service's event ends with its kind.
+/// Every event of `kind` (`<noun>.<verb>`) in any workflow, whoever wrote it.
 pub fn events_of_kind(kind: &str) -> String {
-    if REPORT_KINDS.contains(&kind) { reports(kind, "*") } else { format!("{EVENTS_PREFIX}.*.*.{kind}") }
+    format!("{EVENTS_PREFIX}.*.*.*.{kind}")
 }
 
 /// Every event: `flowmesh.events.>`.
@@ -99,20 +101,41 @@ pub fn all_events() -> String {
     format!("{EVENTS_PREFIX}.>")
 }
 
-/// Every event of one workflow.
+/// Every event of one workflow: `flowmesh.events.*.<workflow>.>`.
 pub fn workflow_events(workflow_id: &str) -> String {
-    format!("{EVENTS_PREFIX}.{workflow_id}.>")
+    format!("{EVENTS_PREFIX}.*.{workflow_id}.>")
+}
+
+/// Every event of one workflow in a log written before the worker-first layout, for a purge:
+/// its services' events `<workflow>.<task>.<noun>.<verb>` and its tasks' reports and dispatches
+/// `<workflow>.<task>.task.<verb>.<worker>`. Neither takes in a worker-first subject (five
+/// tokens, the third a task id, which is never `task`), so a purge removes nothing else.
+pub fn legacy_workflow_events(workflow_id: &str) -> [String; 2] {
+    [format!("{EVENTS_PREFIX}.{workflow_id}.*.*.*"), format!("{EVENTS_PREFIX}.{workflow_id}.*.task.*.*")]
 }
 
 /// The verdict on one submission (`*`: on every submission):
-/// `flowmesh.events.<workflow>._.submission.>`.
+/// `flowmesh.events._.<workflow>._.submission.>`.
 pub fn submission_events(workflow_id: &str) -> String {
+    format!("{EVENTS_PREFIX}.{NO_SCOPE}.{workflow_id}.{NO_SCOPE}.submission.>")
+}
+
+/// [`submission_events`] where a log written before the worker-first layout has them:
+/// `flowmesh.events.<workflow>._.submission.>`. No subject matches both, so one consumer may
+/// filter on the two.
+pub fn legacy_submission_events(workflow_id: &str) -> String {
     format!("{EVENTS_PREFIX}.{workflow_id}.{NO_SCOPE}.submission.>")
 }
 
 /// The records of retention's purges (`workflows.purged`), on no workflow:
-/// `flowmesh.events._._.workflows.purged`.
+/// `flowmesh.events._._._.workflows.purged`.
 pub fn purge_records() -> String {
+    format!("{EVENTS_PREFIX}.{NO_SCOPE}.{NO_SCOPE}.{NO_SCOPE}.workflows.purged")
+}
+
+/// [`purge_records`] in a log written before the worker-first layout:
+/// `flowmesh.events._._.workflows.purged`.
+pub fn legacy_purge_records() -> String {
     format!("{EVENTS_PREFIX}.{NO_SCOPE}.{NO_SCOPE}.workflows.purged")
 }
 
@@ -122,21 +145,39 @@ pub fn event_delete_request() -> String {
     format!("STREAM.MSG.DELETE.{EVENTS_STREAM}")
 }
 
-/// Every fleet event (joins, losses, cordons, drains, prewarm hints): `flowmesh.events.fleet.>`.
+/// Every fleet event (joins, losses, cordons, drains, prewarm hints): `flowmesh.events._.fleet.>`.
 pub fn fleet_events() -> String {
+    format!("{EVENTS_PREFIX}.{NO_SCOPE}.{FLEET_SCOPE}.>")
+}
+
+/// [`fleet_events`] in a log written before the worker-first layout: `flowmesh.events.fleet.>`.
+/// No subject matches both, so one consumer may filter on the two.
+pub fn legacy_fleet_events() -> String {
     format!("{EVENTS_PREFIX}.{FLEET_SCOPE}.>")
 }
 
-/// Every event of one task.
+/// Every event of one task: `flowmesh.events.*.*.<task>.>`.
 pub fn task_events(task_id: &str) -> String {
-    format!("{EVENTS_PREFIX}.*.{task_id}.>")
+    format!("{EVENTS_PREFIX}.*.*.{task_id}.>")
+}
+
+/// Where a log written before the worker-first layout kept the events a view `filter` (one of
+/// the views above, `flowmesh.events.<*|_>.….>`) takes in: the same filter without its first
+/// token (`flowmesh.events.*.wf-7.>` → `flowmesh.events.wf-7.>`). `None` for a filter that
+/// already takes in both (`flowmesh.events.>`) or is no view.
+pub fn legacy_view(filter: &str) -> Option<String> {
+    let rest = event_suffix(filter)?;
+    let (first, rest) = rest.split_once('.')?;
+    (matches!(first, "*" | NO_SCOPE) && rest.ends_with('>')).then(|| event(rest))
 }
 
 /// Every dispatch sent to `worker` (`*`: to any worker):
-/// `flowmesh.events.*.*.task.dispatched.<worker>`. A dispatch of a task with no secret carries
-/// its work order, and the worker consumes this subject as its work queue.
+/// `flowmesh.events.<worker>.*.*.task.dispatched`. A dispatch of a task with no secret carries
+/// its work order, and the worker consumes this subject as its work queue. Its first token is
+/// literal, so when the server looks through its subject index for the next block holding one
+/// of these, it looks only at this worker's subjects.
 pub fn dispatches(worker: &str) -> String {
-    format!("{EVENTS_PREFIX}.*.*.task.dispatched.{worker}")
+    format!("{EVENTS_PREFIX}.{worker}.*.*.task.dispatched")
 }
 
 /// Where a worker's dispatch consumer pushes: `<inbox_prefix>.dispatches.<worker>`, under the
@@ -245,7 +286,11 @@ pub fn bench_raw_stream(nonce: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{event, event_kind, events_of_kind, logs, logs_of, logs_writer};
+    use super::{
+        all_events, dispatches, event, event_kind, events_of_kind, fleet_events, legacy_fleet_events,
+        legacy_purge_records, legacy_submission_events, legacy_view, legacy_workflow_events, logs, logs_of,
+        logs_writer, purge_records, reports, submission_events, task_events, workflow_events,
+    };
 
     /// NATS subject matching: `*` is one token, `>` the rest.
     fn matches(pattern: &str, subject: &str) -> bool {
@@ -281,20 +326,20 @@ mod tests {
     #[test]
     fn events_of_a_kind_are_matched_as_their_authors_write_them() {
         let written = [
-            "wf-1.wf-1-a.task.started.w-1",
-            "wf-1.wf-1-a.task.completed.w-1",
-            "wf-1.wf-1-a.task.dispatched.w-1",
-            "wf-1.wf-1-a.task.skipped",
-            "wf-1._.workflow.failed",
-            "wf-1._.submission.rejected",
-            "wf-1._.submission.accepted",
+            "w-1.wf-1.wf-1-a.task.started",
+            "w-1.wf-1.wf-1-a.task.completed",
+            "w-1.wf-1.wf-1-a.task.dispatched",
+            "_.wf-1.wf-1-a.task.skipped",
+            "_.wf-1._.workflow.failed",
+            "_.wf-1._.submission.rejected",
+            "_.wf-1._.submission.accepted",
         ];
         let cases = [
-            ("task.started", "wf-1.wf-1-a.task.started.w-1"),
-            ("task.completed", "wf-1.wf-1-a.task.completed.w-1"),
-            ("task.skipped", "wf-1.wf-1-a.task.skipped"),
-            ("workflow.failed", "wf-1._.workflow.failed"),
-            ("submission.rejected", "wf-1._.submission.rejected"),
+            ("task.started", "w-1.wf-1.wf-1-a.task.started"),
+            ("task.completed", "w-1.wf-1.wf-1-a.task.completed"),
+            ("task.skipped", "_.wf-1.wf-1-a.task.skipped"),
+            ("workflow.failed", "_.wf-1._.workflow.failed"),
+            ("submission.rejected", "_.wf-1._.submission.rejected"),
         ];
         for (kind, only) in cases {
             let pattern = events_of_kind(kind);
@@ -303,9 +348,87 @@ mod tests {
         }
     }
 
+    /// Each view's filter takes in exactly its own events, written where their writers write
+    /// them; a legacy filter and its worker-first one never take in the same subject.
     #[test]
-    fn the_kind_is_the_third_and_fourth_tokens() {
+    fn each_view_takes_in_its_own_events() {
+        let written = [
+            "w-1.wf-1.wf-1-a.task.dispatched",
+            "w-1.wf-1.wf-1-a.task.completed",
+            "w-2.wf-2.wf-2-a.task.dispatched",
+            "_.wf-1._.submission.accepted",
+            "_.wf-2._.submission.rejected",
+            "_.fleet.w-1.worker.joined",
+            "_._._.workflows.purged",
+        ];
+        let hits = |pattern: &str| -> Vec<&str> {
+            written.iter().copied().filter(|suffix| matches(pattern, &event(suffix))).collect()
+        };
+        assert_eq!(hits(&dispatches("w-1")), ["w-1.wf-1.wf-1-a.task.dispatched"]);
+        assert_eq!(hits(&workflow_events("wf-1")), [written[0], written[1], written[3]]);
+        assert_eq!(hits(&task_events("wf-1-a")), [written[0], written[1]]);
+        assert_eq!(hits(&submission_events("*")), [written[3], written[4]]);
+        assert_eq!(hits(&fleet_events()), ["_.fleet.w-1.worker.joined"]);
+        assert_eq!(hits(&purge_records()), ["_._._.workflows.purged"]);
+        assert_eq!(hits(&reports("task.completed", "w-1")), ["w-1.wf-1.wf-1-a.task.completed"]);
+        let legacy = ["wf-1._.submission.accepted", "fleet.w-1.worker.joined", "_._.workflows.purged"];
+        let legacy_hits = |pattern: &str| -> Vec<&str> {
+            legacy.iter().copied().filter(|suffix| matches(pattern, &event(suffix))).collect()
+        };
+        assert_eq!(legacy_hits(&legacy_submission_events("*")), [legacy[0]]);
+        assert_eq!(legacy_hits(&legacy_fleet_events()), [legacy[1]]);
+        assert_eq!(legacy_hits(&legacy_purge_records()), [legacy[2]]);
+        // Each view's legacy twin is where a legacy log kept the same events.
+        assert_eq!(legacy_view(&workflow_events("wf-1")).as_deref(), Some("flowmesh.events.wf-1.>"));
+        assert_eq!(legacy_view(&task_events("wf-1-a")).as_deref(), Some("flowmesh.events.*.wf-1-a.>"));
+        assert_eq!(legacy_view(&fleet_events()), Some(legacy_fleet_events()));
+        assert_eq!(legacy_view(&submission_events("*")), Some(legacy_submission_events("*")));
+        assert_eq!(legacy_view(&all_events()), None);
+        assert_eq!(legacy_view(&dispatches("w-1")), None);
+        // What a purge of a legacy workflow removes: its events, nothing written since.
+        let legacy_log =
+            ["wf-1._.submission.accepted", "wf-1.wf-1-a.task.dispatched.w-1", "wf-1.wf-1-a.task.completed.w-1"];
+        let purged = |suffix: &&str| legacy_workflow_events("wf-1").iter().any(|f| matches(f, &event(suffix)));
+        assert!(legacy_log.iter().all(purged));
+        let named_like_it = ["wf-1.wf-2.wf-2-a.task.completed", "wf-1.wf-1.wf-1-a.task.started"];
+        assert!(!written.iter().chain(&named_like_it).any(purged));
+        for (new, old) in [
+            (submission_events("*"), legacy_submission_events("*")),
+            (fleet_events(), legacy_fleet_events()),
+            (purge_records(), legacy_purge_records()),
+        ] {
+            assert!(hits(&old).is_empty() && legacy_hits(&new).is_empty(), "{new} and {old} overlap");
+            assert!(!could_overlap(&new, &old), "{new} and {old}");
+        }
+    }
+
+    /// Whether some subject matches both patterns (what the server refuses in one consumer).
+    fn could_overlap(a: &str, b: &str) -> bool {
+        let (a, b): (Vec<&str>, Vec<&str>) = (a.split('.').collect(), b.split('.').collect());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            if *x == ">" || *y == ">" {
+                return true;
+            }
+            if *x != "*" && *y != "*" && x != y {
+                return false;
+            }
+            if i + 1 == a.len().min(b.len()) {
+                return a.len() == b.len();
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn the_kind_is_the_last_two_tokens_or_a_legacy_subject_s_third_and_fourth() {
         let cases = [
+            ("w-1.wf-1.wf-1-a.task.completed", Some("task.completed")),
+            ("w-1.wf-1.wf-1-a.task.dispatched", Some("task.dispatched")),
+            ("_.wf-1._.submission.accepted", Some("submission.accepted")),
+            ("_.fleet.w-1.worker.joined", Some("worker.joined")),
+            // A task named like a noun changes nothing.
+            ("w-1.wf-1.task.task.started", Some("task.started")),
+            // Legacy subjects.
             ("wf-1.wf-1-a.task.completed.w-1", Some("task.completed")),
             ("wf-1.wf-1-a.task.dispatched.w-1", Some("task.dispatched")),
             ("wf-1._.submission.accepted", Some("submission.accepted")),

@@ -433,7 +433,8 @@ pub async fn run(
 /// wildcards in the workflow and task tokens, then walk every subject of the stream: 1.7 ms
 /// of the server per workflow after 60,000 workflows, growing with the history, against 34 µs
 /// per message deleted, which each consumer accounts for by itself (BENCHMARKS, "Fifteenth
-/// round"). A workflow whose sequences this router does not know is purged by its subjects.
+/// round"). A workflow whose sequences this router does not know is purged by its subjects, and
+/// by those a log written before the worker-first layout has.
 async fn purge_workflows(
     js: jetstream::Context,
     log: jetstream::stream::Stream,
@@ -454,12 +455,7 @@ async fn purge_workflows(
                 }
                 removed
             }
-            None => log
-                .purge()
-                .filter(subjects::workflow_events(&purge.workflow))
-                .await
-                .map(|answer| answer.purged)
-                .map_err(|e| e.to_string()),
+            None => flowmesh_nats::retention::purge_workflow(log, &purge.workflow).await,
         };
         (purge, removed)
     });

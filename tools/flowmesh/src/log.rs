@@ -11,6 +11,7 @@
 
 use async_nats::jetstream::{self, consumer};
 use flowmesh_domain::Event;
+use flowmesh_domain::event::Layout;
 use flowmesh_nats::{retry, subjects};
 use futures_util::{Stream, StreamExt};
 
@@ -72,11 +73,31 @@ pub async fn entries(
         .flatten())
 }
 
-/// The stored messages matching `filter`, oldest first (what [`entries`] reads).
+/// The stored messages matching `filter`, oldest first (what [`entries`] reads). A view of part
+/// of the log reads first where a log written before the worker-first layout kept the same
+/// events (`subjects::legacy_view`; every such event is older than every worker-first one), up
+/// to now, then `filter` itself.
 async fn stored(
     js: &jetstream::Context,
     filter: String,
     follow: bool,
+) -> anyhow::Result<impl Stream<Item = anyhow::Result<Read>>> {
+    let legacy = match subjects::legacy_view(&filter) {
+        Some(legacy) => Some(read(js, legacy, false, Layout::Legacy).await?),
+        None => None,
+    };
+    let now = read(js, filter, follow, Layout::WorkerFirst).await?;
+    Ok(futures_util::stream::iter(legacy).flatten().chain(now))
+}
+
+/// The stored messages matching `filter`, oldest first; reading a legacy view, only those in the
+/// legacy layout (its filter may take in a worker-first subject whose worker is named like the
+/// workflow it looks for).
+async fn read(
+    js: &jetstream::Context,
+    filter: String,
+    follow: bool,
+    layout: Layout,
 ) -> anyhow::Result<impl Stream<Item = anyhow::Result<Read>>> {
     // Opening the consumer needs the cluster's meta leader: ride out its election after a node loss.
     let (messages, pending) = retry::patiently("opening the event log", retry::FAILOVER_BUDGET, || async {
@@ -93,7 +114,7 @@ async fn stored(
     })
     .await?;
     let done = !follow && pending == 0;
-    Ok(futures_util::stream::unfold((messages, done), move |(mut messages, done)| async move {
+    let reads = futures_util::stream::unfold((messages, done), move |(mut messages, done)| async move {
         if done {
             return None;
         }
@@ -107,6 +128,9 @@ async fn stored(
                     let info = message.info().ok();
                     let last = !follow && info.as_ref().is_some_and(|i| i.pending == 0);
                     let suffix = subjects::event_suffix(&message.subject).unwrap_or_default();
+                    if layout == Layout::Legacy && Layout::of(suffix) == Layout::WorkerFirst {
+                        return Some((Ok(None), (messages, last)));
+                    }
                     let read = match Event::read(suffix, &message.payload) {
                         Ok(event) => Read::Event(Box::new(event)),
                         Err(reason) => {
@@ -118,11 +142,12 @@ async fn stored(
                             })
                         }
                     };
-                    return Some((Ok(read), (messages, last)));
+                    return Some((Ok(Some(read)), (messages, last)));
                 }
             }
         }
-    }))
+    });
+    Ok(reads.filter_map(|read| futures_util::future::ready(read.transpose())))
 }
 
 /// The fold over every event matching `filter`, up to now.

@@ -52,7 +52,7 @@ fn sync_interval() -> String {
 /// The configuration of a server started without a file of its own: the sync interval, and no
 /// subscription cache. The server keeps, per account, a cache of which subscriptions each
 /// published subject matched, and one per connection in front of it. Nearly every subject we
-/// publish is new: each event has its own (`flowmesh.events.<workflow>.<task>.…`), and so does
+/// publish is new: each event has its own (`flowmesh.events.<worker|_>.<workflow>.<task>.…`), and so does
 /// every JetStream ack and every reply to a publish. So the account's cache missed on nearly
 /// every message and spent its time adding entries and sweeping old ones out (with a write lock
 /// on each miss). Without it, bursts cost the server 4-10% less CPU per task and ran 1-7% more
