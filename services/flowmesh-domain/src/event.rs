@@ -629,10 +629,15 @@ impl<'a> Author<'a> {
     /// or the event a dispatch (both written by a service). In a legacy subject, a fifth token
     /// is the reporting worker, except after `task.dispatched`.
     pub fn of(subject_suffix: &'a str) -> Author<'a> {
+        Author::in_layout(subject_suffix, Layout::of(subject_suffix))
+    }
+
+    /// As [`Author::of`], for a subject whose layout the caller has already told.
+    fn in_layout(subject_suffix: &'a str, layout: Layout) -> Author<'a> {
         let mut tokens = subject_suffix.splitn(5, '.');
         let mut next = || tokens.next();
         let tokens = [next(), next(), next(), next(), next()];
-        match Layout::of(subject_suffix) {
+        match layout {
             Layout::WorkerFirst => match tokens {
                 [Some(NO_SCOPE), ..] | [_, _, _, Some("task"), Some("dispatched")] => Author::Service,
                 [Some(worker), ..] => Author::Worker(worker),
@@ -823,7 +828,8 @@ impl Event {
             crate::problem::cut_text(&mut message, 200);
             Unreadable::NotAnEvent(message)
         })?;
-        let author = Author::of(subject_suffix);
+        let layout = Layout::of(subject_suffix);
+        let author = Author::in_layout(subject_suffix, layout);
         let kind = event.body.kind();
         let allowed = match author {
             Author::Service => !event.body.is_worker_report_only(),
@@ -836,7 +842,7 @@ impl Event {
             };
             return Err(Unreadable::WrongAuthor { kind, author });
         }
-        if !event.written_on(author, subject_suffix) {
+        if !event.written_on(author, subject_suffix, layout) {
             let expected = event.subject_suffix(author);
             return Err(Unreadable::SubjectMismatch { expected, found: subject_suffix.to_owned() });
         }
@@ -847,12 +853,12 @@ impl Event {
     /// spelling it: every reader checks every event it folds. A legacy subject is checked as it
     /// was written ([`Layout::Legacy`]), and a dispatch stored before dispatches named their
     /// worker in the subject is read without the worker's token.
-    fn written_on(&self, author: Author<'_>, subject_suffix: &str) -> bool {
+    fn written_on(&self, author: Author<'_>, subject_suffix: &str, layout: Layout) -> bool {
         let (workflow, task) = self.body.scope();
         fn token<'a>(rest: &'a str, part: &str) -> Option<&'a str> {
             rest.strip_prefix(part)?.strip_prefix('.')
         }
-        if Layout::of(subject_suffix) == Layout::WorkerFirst {
+        if layout == Layout::WorkerFirst {
             return token(subject_suffix, self.first_token(author))
                 .and_then(|rest| token(rest, workflow))
                 .and_then(|rest| token(rest, task))
