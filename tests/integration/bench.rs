@@ -106,6 +106,12 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     let memory: Vec<&str> = report.peak_rss_mib.keys().map(String::as_str).collect();
     assert_eq!(memory, ["bench test", "nats-server"], "{report:#?}");
     assert!(report.peak_rss_mib.values().all(|mib| *mib > 1.0), "{report:#?}");
+    // And how the machine's cores spent the run: three shares of all their time, together one.
+    let machine = report.machine.unwrap_or_else(|| panic!("no machine share read from /proc/stat: {report:#?}"));
+    assert!(machine.cores >= 1, "{machine:?}");
+    assert!([machine.busy, machine.idle, machine.stolen].iter().all(|s| (0.0..=1.0).contains(s)), "{machine:?}");
+    assert!((machine.busy + machine.idle + machine.stolen - 1.0).abs() < 1e-9, "{machine:?}");
+    assert!(machine.busy > 0.0, "twenty workflows ran and no core was busy: {machine:?}");
 
     // Every workflow's timeline, for `--samples`: it starts before it ends; not part of the JSON.
     assert_eq!(report.samples.len(), 20, "{report:#?}");

@@ -336,6 +336,10 @@ pub struct Report {
     /// The most memory each measured process has held (`VmHWM`), in MiB, read after the run.
     #[serde(default)]
     pub peak_rss_mib: BTreeMap<String, f64>,
+    /// How the whole machine's cores spent the pipeline run (Linux): the share busy, idle and
+    /// stolen by a hypervisor, whatever ran; a latency tail with cores stolen is the neighbours'.
+    #[serde(default)]
+    pub machine: Option<cpu::MachineShare>,
     /// Every ended workflow's timeline (`samples_csv`); not part of `--json`.
     #[serde(skip)]
     pub samples: Vec<Sample>,
@@ -378,12 +382,14 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     };
     let before = stream_sequences(js).await?;
     let cpu_before = cpu::Sample::take(&options.cpu_of);
+    let machine_before = cpu::MachineTicks::take();
     let pace = match options.rate {
         Some(per_sec) => Pace::Rate(per_sec),
         None => Pace::Burst(options.concurrency),
     };
     let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
+    let machine = cpu::MachineTicks::take().zip(machine_before).and_then(|(now, before)| now.since(&before));
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     // The bench hears each end as it is published, before the stream has stored it: count only
     // once the workers have acked every order, which each does after its end was stored.
@@ -430,6 +436,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         efficiency,
         cpu_ms_per_task,
         peak_rss_mib,
+        machine,
         samples: p.samples,
     })
 }
@@ -1089,6 +1096,18 @@ pub fn render(r: &Report) -> String {
         let each: Vec<String> = r.peak_rss_mib.iter().map(|(name, mib)| format!("{name} {mib:.0}")).collect();
         rows.push(vec!["peak MiB".to_owned(), each.join(", ")]);
     }
+    if let Some(m) = &r.machine {
+        rows.push(vec![
+            "machine".to_owned(),
+            format!(
+                "{} cores: {:.0}% busy, {:.0}% idle, {:.0}% stolen by the hypervisor",
+                m.cores,
+                m.busy * 100.0,
+                m.idle * 100.0,
+                m.stolen * 100.0
+            ),
+        ]);
+    }
     let mut out = table::render(&["MEASURE", "VALUE"], &rows);
     out.push('\n');
     let mut latency = Vec::new();
@@ -1339,12 +1358,14 @@ mod tests {
             rate: None,
             cpu_ms_per_task: BTreeMap::from([("nats-server 7".to_owned(), 0.25), ("flowmesh bench".to_owned(), 0.5)]),
             peak_rss_mib: BTreeMap::from([("nats-server 7".to_owned(), 40.4)]),
+            machine: Some(cpu::MachineShare { cores: 2, busy: 0.7, idle: 0.22, stolen: 0.08 }),
             samples: Vec::new(),
         };
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
         assert!(text.contains("0.750 (flowmesh bench 0.500, nats-server 7 0.250)"), "{text}");
         assert!(text.contains("nats-server 7 40"), "{text}");
+        assert!(text.contains("2 cores: 70% busy, 22% idle, 8% stolen by the hypervisor"), "{text}");
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.contains("1 (batch slots 2, queue places 1)"), "{text}");

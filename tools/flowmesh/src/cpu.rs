@@ -1,7 +1,9 @@
 //! CPU time and peak memory of the processes a bench measures, read from `/proc` (Linux;
 //! elsewhere none is measured): this one and, on the same machine, every `nats-server` and FlowMesh service
-//! process, or the processes of a dev stack.
+//! process, or the processes of a dev stack; and how the whole machine's cores spent the run
+//! (busy, idle, or taken by the hypervisor), to tell a slow run from a slow machine.
 
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -100,6 +102,68 @@ impl Sample {
     }
 }
 
+/// The machine's CPU time since boot, all cores together, in clock ticks (`/proc/stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineTicks {
+    cores: usize,
+    busy: u64,
+    idle: u64,
+    stolen: u64,
+}
+
+impl MachineTicks {
+    /// The reading now; `None` where `/proc/stat` cannot be read (not Linux).
+    pub fn take() -> Option<MachineTicks> {
+        parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// How the cores spent the time since `earlier`; `None` when no tick passed in between.
+    pub fn since(&self, earlier: &MachineTicks) -> Option<MachineShare> {
+        let busy = self.busy.saturating_sub(earlier.busy) as f64;
+        let idle = self.idle.saturating_sub(earlier.idle) as f64;
+        let stolen = self.stolen.saturating_sub(earlier.stolen) as f64;
+        let all = busy + idle + stolen;
+        (all > 0.0).then(|| MachineShare {
+            cores: self.cores,
+            busy: busy / all,
+            idle: idle / all,
+            stolen: stolen / all,
+        })
+    }
+}
+
+/// How the machine's cores spent a run, as shares of all their time (together 1): running
+/// something (any process, the kernel, interrupts), idle (or waiting for the disk), or stolen: a
+/// virtual machine's core ready to run while its hypervisor ran something else. A run whose
+/// cores were stolen from was slowed by its neighbours, not by what it ran.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MachineShare {
+    pub cores: usize,
+    pub busy: f64,
+    pub idle: f64,
+    pub stolen: f64,
+}
+
+/// The `cpu` line of `/proc/stat`: user, nice, system, idle, iowait, irq, softirq, steal (guest
+/// time is already in user and nice). Kernels before 2.6.11 have no steal: none is counted.
+fn parse_proc_stat(stat: &str) -> Option<MachineTicks> {
+    let mut lines = stat.lines();
+    let all = lines.next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<u64> = all.split_whitespace().map(str::parse).collect::<Result<_, _>>().ok()?;
+    if ticks.len() < 4 {
+        return None;
+    }
+    let tick = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    let cores =
+        lines.filter(|l| l.strip_prefix("cpu").is_some_and(|n| n.starts_with(|c: char| c.is_ascii_digit()))).count();
+    Some(MachineTicks {
+        cores,
+        busy: tick(0) + tick(1) + tick(2) + tick(5) + tick(6),
+        idle: tick(3) + tick(4),
+        stolen: tick(7),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +193,35 @@ mod tests {
         let before = Sample::take(&here);
         let used = Sample::take(&here).since(&before);
         assert!(used.get("bench").is_some_and(|ms| *ms >= 0.0), "{used:?}");
+    }
+
+    #[test]
+    fn the_machine_line_reads_busy_idle_and_stolen_ticks() {
+        let stat = "cpu  100 5 40 800 20 3 2 30 7 0\ncpu0 50 2 20 400 10 1 1 15 3 0\ncpu1 50 3 20 400 10 2 1 15 4 0\nintr 1 2\nctxt 99\n";
+        let ticks = parse_proc_stat(stat).unwrap();
+        assert_eq!(ticks, MachineTicks { cores: 2, busy: 150, idle: 820, stolen: 30 });
+        // A kernel without the steal column counts none stolen.
+        let old = parse_proc_stat("cpu  10 0 5 85 0 0 0\ncpu0 10 0 5 85 0 0 0\n").unwrap();
+        assert_eq!(old, MachineTicks { cores: 1, busy: 15, idle: 85, stolen: 0 });
+        assert_eq!(parse_proc_stat("cpu0 1 2 3 4\n"), None, "no summary line");
+        assert_eq!(parse_proc_stat("cpu  1 2 x 4\n"), None);
+        assert_eq!(parse_proc_stat("cpu  1 2\n"), None);
+        assert_eq!(parse_proc_stat(""), None);
+    }
+
+    #[test]
+    fn a_run_s_share_of_the_machine_is_the_difference_of_two_readings() {
+        let before = MachineTicks { cores: 2, busy: 1_000, idle: 5_000, stolen: 100 };
+        let after = MachineTicks { cores: 2, busy: 1_150, idle: 5_040, stolen: 110 };
+        let share = after.since(&before).unwrap();
+        assert_eq!(share.cores, 2);
+        assert!((share.busy - 0.75).abs() < 1e-12, "{share:?}");
+        assert!((share.idle - 0.20).abs() < 1e-12, "{share:?}");
+        assert!((share.stolen - 0.05).abs() < 1e-12, "{share:?}");
+        assert_eq!(before.since(&before), None, "no tick passed");
+        if let Some(now) = MachineTicks::take() {
+            assert!(now.cores >= 1, "{now:?}");
+            assert!(now.busy + now.idle > 0, "{now:?}");
+        }
     }
 }
