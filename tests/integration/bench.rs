@@ -112,6 +112,8 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert!([machine.busy, machine.idle, machine.stolen].iter().all(|s| (0.0..=1.0).contains(s)), "{machine:?}");
     assert!((machine.busy + machine.idle + machine.stolen - 1.0).abs() < 1e-9, "{machine:?}");
     assert!(machine.busy > 0.0, "twenty workflows ran and no core was busy: {machine:?}");
+    let raw_machine = report.raw.as_ref().and_then(|r| r.machine);
+    assert!(raw_machine.is_some_and(|m| m.busy > 0.0 && m.cores == machine.cores), "{report:#?}");
 
     // Every workflow's timeline, for `--samples`: it starts before it ends; not part of the JSON.
     assert_eq!(report.samples.len(), 20, "{report:#?}");

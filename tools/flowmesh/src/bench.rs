@@ -280,6 +280,10 @@ pub struct RawReport {
     pub wall_ms: f64,
     pub msgs_per_sec: f64,
     pub publish_to_consume_ms: Option<Percentiles>,
+    /// How the machine's cores spent the raw run: the efficiency compares two stretches of time,
+    /// and the hypervisor may take cores in one and not the other.
+    #[serde(default)]
+    pub machine: Option<cpu::MachineShare>,
 }
 
 /// Everything a run measured; `--json` prints it as is.
@@ -902,6 +906,7 @@ async fn raw_on(
         })
         .await
         .map_err(|e| anyhow::anyhow!("could not create the temporary stream {name}: {e}"))?;
+    let machine_before = cpu::MachineTicks::take();
     let measured = tokio::select! {
         m = tokio::time::timeout(timeout, raw_round_trip(js, &stream, &subject, bodies, RAW_WINDOW)) => match m {
             Ok(m) => m,
@@ -909,6 +914,7 @@ async fn raw_on(
         },
         _ = stop.wait() => Err(anyhow::anyhow!("interrupted during the raw round trip")),
     };
+    let machine = cpu::MachineTicks::take().zip(machine_before).and_then(|(now, before)| now.since(&before));
     let deleted = js.delete_stream(&name).await;
     let (wall, latencies) = measured?;
     deleted.map_err(|e| {
@@ -922,6 +928,7 @@ async fn raw_on(
         wall_ms: wall_secs * 1000.0,
         msgs_per_sec: if wall_secs > 0.0 { bodies.len() as f64 / wall_secs } else { 0.0 },
         publish_to_consume_ms: percentiles(&latencies),
+        machine,
     })
 }
 
@@ -1034,6 +1041,17 @@ fn cell(p: Option<&Percentiles>) -> Vec<String> {
     }
 }
 
+/// `2 cores: 70% busy, 22% idle, 8% stolen by the hypervisor`.
+fn machine_share(m: &cpu::MachineShare) -> String {
+    format!(
+        "{} cores: {:.0}% busy, {:.0}% idle, {:.0}% stolen by the hypervisor",
+        m.cores,
+        m.busy * 100.0,
+        m.idle * 100.0,
+        m.stolen * 100.0
+    )
+}
+
 /// The report as tables for a person.
 pub fn render(r: &Report) -> String {
     let per_type: Vec<String> = r.per_type.iter().map(|(k, n)| format!("{} {n}", k.name())).collect();
@@ -1073,6 +1091,9 @@ pub fn render(r: &Report) -> String {
                 raw.msgs_per_sec, raw.messages, raw.message_bytes
             ),
         ]);
+        if let Some(m) = &raw.machine {
+            rows.push(vec!["machine (raw)".to_owned(), machine_share(m)]);
+        }
     }
     if let Some(ratio) = r.ratio_to_raw {
         rows.push(vec!["ratio".to_owned(), format!("pipeline = {ratio:.3} × raw")]);
@@ -1097,16 +1118,7 @@ pub fn render(r: &Report) -> String {
         rows.push(vec!["peak MiB".to_owned(), each.join(", ")]);
     }
     if let Some(m) = &r.machine {
-        rows.push(vec![
-            "machine".to_owned(),
-            format!(
-                "{} cores: {:.0}% busy, {:.0}% idle, {:.0}% stolen by the hypervisor",
-                m.cores,
-                m.busy * 100.0,
-                m.idle * 100.0,
-                m.stolen * 100.0
-            ),
-        ]);
+        rows.push(vec!["machine".to_owned(), machine_share(m)]);
     }
     let mut out = table::render(&["MEASURE", "VALUE"], &rows);
     out.push('\n');
@@ -1350,6 +1362,7 @@ mod tests {
                 wall_ms: 1.0,
                 msgs_per_sec: 4000.0,
                 publish_to_consume_ms: Some(p),
+                machine: Some(cpu::MachineShare { cores: 2, busy: 0.9, idle: 0.1, stolen: 0.0 }),
             }),
             ratio_to_raw: Some(0.0005),
             stored: BTreeMap::from([("FLOWMESH_EVENTS".to_owned(), 20)]),
@@ -1366,6 +1379,11 @@ mod tests {
         assert!(text.contains("0.750 (flowmesh bench 0.500, nats-server 7 0.250)"), "{text}");
         assert!(text.contains("nats-server 7 40"), "{text}");
         assert!(text.contains("2 cores: 70% busy, 22% idle, 8% stolen by the hypervisor"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("machine (raw)")
+                && l.ends_with("2 cores: 90% busy, 10% idle, 0% stolen by the hypervisor")),
+            "{text}"
+        );
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.contains("1 (batch slots 2, queue places 1)"), "{text}");
