@@ -393,7 +393,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     };
     let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
-    let machine = cpu::MachineTicks::take().zip(machine_before).and_then(|(now, before)| now.since(&before));
+    let machine = cpu::MachineTicks::share_since(machine_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     // The bench hears each end as it is published, before the stream has stored it: count only
     // once the workers have acked every order, which each does after its end was stored.
@@ -914,7 +914,7 @@ async fn raw_on(
         },
         _ = stop.wait() => Err(anyhow::anyhow!("interrupted during the raw round trip")),
     };
-    let machine = cpu::MachineTicks::take().zip(machine_before).and_then(|(now, before)| now.since(&before));
+    let machine = cpu::MachineTicks::share_since(machine_before);
     let deleted = js.delete_stream(&name).await;
     let (wall, latencies) = measured?;
     deleted.map_err(|e| {

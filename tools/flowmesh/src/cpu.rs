@@ -118,6 +118,11 @@ impl MachineTicks {
         Some(MachineTicks { at: Instant::now(), stat })
     }
 
+    /// How the cores spent the time from `earlier` (a `take` that may have found nothing) to now.
+    pub fn share_since(earlier: Option<MachineTicks>) -> Option<MachineShare> {
+        MachineTicks::take()?.since(&earlier?)
+    }
+
     /// How the cores spent the time since `earlier`; `None` when no time passed in between.
     pub fn since(&self, earlier: &MachineTicks) -> Option<MachineShare> {
         let wall = self.at.saturating_duration_since(earlier.at).as_secs_f64();
@@ -236,6 +241,8 @@ mod tests {
         assert_eq!(share(&before, &after, 0.0), None, "no time passed");
         if let Some(now) = MachineTicks::take() {
             assert!(now.stat.cores >= 1, "{now:?}");
+            assert!(MachineTicks::share_since(Some(now)).is_none_or(|s| s.busy + s.idle + s.stolen > 0.99), "{now:?}");
         }
+        assert_eq!(MachineTicks::share_since(None), None);
     }
 }
