@@ -72,8 +72,15 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(raw.messages, 500);
     assert!(raw.msgs_per_sec > 0.0 && raw.message_bytes > 100, "{raw:?}");
     assert_ordered("raw publish → consume", raw.publish_to_consume_ms, 500);
+    // Measured again after the pipeline, on a stream of its own, and the ratio is to the mean of
+    // the two ceilings.
+    let after = report.raw_after.clone().expect("--raw measures after the pipeline too");
+    assert_eq!(after.messages, 500);
+    assert!(after.msgs_per_sec > 0.0 && after.stream != raw.stream, "{after:?}");
+    assert_ordered("raw publish → consume, after", after.publish_to_consume_ms, 500);
     let ratio = report.ratio_to_raw.expect("a ratio with --raw");
-    assert!((ratio - report.tasks_per_sec / raw.msgs_per_sec).abs() < 1e-9, "{report:#?}");
+    let ceiling = (raw.msgs_per_sec + after.msgs_per_sec) / 2.0;
+    assert!((ratio - report.tasks_per_sec / ceiling).abs() < 1e-9, "{report:#?}");
     assert!(raw.stream.starts_with(subjects::BENCH_RAW_STREAM_PREFIX), "{}", raw.stream);
     // Stored messages are counted from the streams, not assumed: every workflow stored at least
     // its submission, its verdict, its dispatch (the work order inside: echo holds no secret,
@@ -85,7 +92,9 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert!((per_task - report.stored.values().sum::<u64>() as f64 / 20.0).abs() < 1e-9);
     let efficiency = report.efficiency.expect("an efficiency with --raw");
     assert!((efficiency - ratio * per_task).abs() < 1e-9, "{report:#?}");
-    assert!(world.handles.js.get_stream(&raw.stream).await.is_err(), "{} was not deleted", raw.stream);
+    for stream in [&raw.stream, &after.stream] {
+        assert!(world.handles.js.get_stream(stream).await.is_err(), "{stream} was not deleted");
+    }
     assert_eq!(raw_streams(&world).await?, Vec::<String>::new());
 
     // The log agrees: twenty workflows completed, five of them dispatched as python tasks.
@@ -112,8 +121,10 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert!([machine.busy, machine.idle, machine.stolen].iter().all(|s| (0.0..=1.0).contains(s)), "{machine:?}");
     assert!((machine.busy + machine.idle + machine.stolen - 1.0).abs() < 1e-9, "{machine:?}");
     assert!(machine.busy > 0.0, "twenty workflows ran and no core was busy: {machine:?}");
-    let raw_machine = report.raw.as_ref().and_then(|r| r.machine);
-    assert!(raw_machine.is_some_and(|m| m.busy > 0.0 && m.cores == machine.cores), "{report:#?}");
+    for raw in [&report.raw, &report.raw_after] {
+        let raw_machine = raw.as_ref().and_then(|r| r.machine);
+        assert!(raw_machine.is_some_and(|m| m.busy > 0.0 && m.cores == machine.cores), "{report:#?}");
+    }
 
     // Every workflow's timeline, for `--samples`: it starts before it ends; not part of the JSON.
     assert_eq!(report.samples.len(), 20, "{report:#?}");

@@ -320,7 +320,11 @@ pub struct Report {
     /// The first few failures, for a person to start from.
     pub failures: Vec<Failure>,
     pub raw: Option<RawReport>,
-    /// `tasks_per_sec / raw.msgs_per_sec`.
+    /// The same raw run once more, right after the pipeline's: the machine's speed moves within
+    /// seconds, so the ceiling is measured on both sides of what it is compared with.
+    #[serde(default)]
+    pub raw_after: Option<RawReport>,
+    /// `tasks_per_sec / ` the raw ceiling (`raw_ceiling`: the mean of `raw` and `raw_after`).
     pub ratio_to_raw: Option<f64>,
     /// Messages stored during the pipeline run, per stream (sequence growth, so work-queue and
     /// bucket messages that were since removed or replaced count too).
@@ -329,8 +333,8 @@ pub struct Report {
     /// All of `stored` divided by the completed workflows.
     #[serde(default)]
     pub stored_per_task: Option<f64>,
-    /// `tasks_per_sec × stored_per_task ÷ raw.msgs_per_sec`: the share of the raw ceiling that the
-    /// pipeline's own stored messages reach.
+    /// `tasks_per_sec × stored_per_task ÷` the raw ceiling (`raw_ceiling`): the share of it that
+    /// the pipeline's own stored messages reach.
     #[serde(default)]
     pub efficiency: Option<f64>,
     /// CPU milliseconds each measured process used during the pipeline run, per completed
@@ -358,6 +362,14 @@ impl Report {
 
 const FAILURES_KEPT: usize = 10;
 
+/// The raw ceiling a pipeline run is compared with: the mean msgs/s of the raw runs before and
+/// after it that measured any; `None` when neither did.
+pub fn raw_ceiling(before: Option<&RawReport>, after: Option<&RawReport>) -> Option<f64> {
+    let measured: Vec<f64> =
+        [before, after].into_iter().flatten().map(|r| r.msgs_per_sec).filter(|m| *m > 0.0).collect();
+    (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+}
+
 /// Runs the bench against the stack behind `js`; `stop` ends it early (the raw stream is still
 /// deleted and the report covers what was measured).
 pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> anyhow::Result<Report> {
@@ -378,11 +390,10 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     }
     // The raw run goes first: it is short, and a server that cannot hold a file stream fails here
     // before any workflow is submitted.
-    let raw = if let Some(connect) = &options.raw {
-        let raw_bodies: Vec<Vec<u8>> = bodies.iter().cycle().take(options.raw_messages.max(1)).cloned().collect();
-        Some(raw(connect, raw_bodies, options.replicas, options.timeout, stop.clone()).await?)
-    } else {
-        None
+    let raw_bodies = || -> Vec<Vec<u8>> { bodies.iter().cycle().take(options.raw_messages.max(1)).cloned().collect() };
+    let raw_before = match &options.raw {
+        Some(connect) => Some(raw(connect, raw_bodies(), options.replicas, options.timeout, stop.clone()).await?),
+        None => None,
     };
     let before = stream_sequences(js).await?;
     let cpu_before = cpu::Sample::take(&options.cpu_of);
@@ -391,7 +402,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         Some(per_sec) => Pace::Rate(per_sec),
         None => Pace::Burst(options.concurrency),
     };
-    let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop).await?;
+    let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop.clone()).await?;
     let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
     let machine = cpu::MachineTicks::share_since(machine_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
@@ -400,6 +411,15 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     workers_settled(js, &fleet, SETTLE_WAIT).await;
     let after = stream_sequences(js).await?;
     let queue_places = offered_queue(js, &fleet).await?;
+    // The ceiling again, now that the pipeline has run (not after an interrupted or timed-out
+    // run: its figures compare with nothing).
+    let raw_after = match &options.raw {
+        Some(connect) if matches!(p.end, RunEnd::Finished) => {
+            let measured = raw(connect, raw_bodies(), options.replicas, options.timeout, stop).await;
+            Some(measured.map_err(|e| e.context("the raw round trip after the pipeline"))?)
+        }
+        _ => None,
+    };
     let stored: BTreeMap<String, u64> = after
         .iter()
         .map(|(name, seq)| (name.clone(), seq.saturating_sub(before.get(name).copied().unwrap_or(0))))
@@ -407,7 +427,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     let stored_per_task = (p.completed > 0).then(|| stored.values().sum::<u64>() as f64 / p.completed as f64);
     let wall_secs = p.last_end.saturating_duration_since(p.begin).as_secs_f64();
     let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
-    let ratio_to_raw = raw.as_ref().filter(|r| r.msgs_per_sec > 0.0).map(|r| tasks_per_sec / r.msgs_per_sec);
+    let ratio_to_raw = raw_ceiling(raw_before.as_ref(), raw_after.as_ref()).map(|ceiling| tasks_per_sec / ceiling);
     let efficiency = ratio_to_raw.zip(stored_per_task).map(|(ratio, per_task)| ratio * per_task);
     let cpu_ms_per_task = if p.completed > 0 {
         cpu_used.into_iter().map(|(name, ms)| (name, ms / p.completed as f64)).collect()
@@ -433,7 +453,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         submit_to_start_ms: percentiles(&p.to_start),
         submit_to_done_ms: percentiles(&p.to_done),
         failures: p.failures.into_iter().take(FAILURES_KEPT).collect(),
-        raw,
+        raw: raw_before,
+        raw_after,
         ratio_to_raw,
         stored,
         stored_per_task,
@@ -1083,16 +1104,17 @@ pub fn render(r: &Report) -> String {
         vec!["wall".to_owned(), format!("{:.2} s", r.wall_ms / 1000.0)],
         vec!["pipeline".to_owned(), format!("{:.1} tasks/s", r.tasks_per_sec)],
     ];
-    if let Some(raw) = &r.raw {
+    for (label, raw) in [("", &r.raw), (" after", &r.raw_after)] {
+        let Some(raw) = raw else { continue };
         rows.push(vec![
-            "raw JetStream".to_owned(),
+            format!("raw JetStream{label}"),
             format!(
                 "{:.1} msgs/s ({} x {} B, publish + consume, acked)",
                 raw.msgs_per_sec, raw.messages, raw.message_bytes
             ),
         ]);
         if let Some(m) = &raw.machine {
-            rows.push(vec!["machine (raw)".to_owned(), machine_share(m)]);
+            rows.push(vec![format!("machine (raw{label})"), machine_share(m)]);
         }
     }
     if let Some(ratio) = r.ratio_to_raw {
@@ -1105,7 +1127,11 @@ pub fn render(r: &Report) -> String {
     if let Some(efficiency) = r.efficiency {
         rows.push(vec![
             "efficiency".to_owned(),
-            format!("{:.1}% of raw (tasks/s × stored/task ÷ raw msgs/s)", efficiency * 100.0),
+            format!(
+                "{:.1}% of raw (tasks/s × stored/task ÷ raw msgs/s{})",
+                efficiency * 100.0,
+                if r.raw_after.is_some() { ", the mean of before and after" } else { "" }
+            ),
         ]);
     }
     if !r.cpu_ms_per_task.is_empty() {
@@ -1334,6 +1360,35 @@ mod tests {
         }
     }
 
+    fn raw_report(msgs_per_sec: f64) -> RawReport {
+        RawReport {
+            stream: "FLOWMESH_BENCH_RAW_x".into(),
+            messages: 4,
+            message_bytes: 200,
+            wall_ms: 1.0,
+            msgs_per_sec,
+            publish_to_consume_ms: None,
+            machine: Some(cpu::MachineShare { cores: 2, busy: 0.9, idle: 0.1, stolen: 0.0 }),
+        }
+    }
+
+    #[test]
+    fn the_raw_ceiling_is_the_mean_of_the_runs_that_measured_one() {
+        let (fast, slow, none) = (raw_report(80_000.0), raw_report(60_000.0), raw_report(0.0));
+        let cases: [(Option<&RawReport>, Option<&RawReport>, Option<f64>); 6] = [
+            (Some(&fast), Some(&slow), Some(70_000.0)),
+            (Some(&slow), Some(&fast), Some(70_000.0)),
+            (Some(&fast), None, Some(80_000.0)),
+            (None, Some(&slow), Some(60_000.0)),
+            (Some(&none), Some(&slow), Some(60_000.0)),
+            (Some(&none), None, None),
+        ];
+        for (before, after, want) in cases {
+            assert_eq!(raw_ceiling(before, after), want, "{before:?} / {after:?}");
+        }
+        assert_eq!(raw_ceiling(None, None), None);
+    }
+
     #[test]
     fn report_renders_the_ratio_to_raw() {
         let p = Percentiles { samples: 3, p50: 1.0, p90: 2.0, p99: 3.0, max: 4.0 };
@@ -1355,14 +1410,10 @@ mod tests {
             submit_to_start_ms: Some(p),
             submit_to_done_ms: None,
             failures: Vec::new(),
-            raw: Some(RawReport {
-                stream: "FLOWMESH_BENCH_RAW_x".into(),
-                messages: 4,
-                message_bytes: 200,
-                wall_ms: 1.0,
-                msgs_per_sec: 4000.0,
-                publish_to_consume_ms: Some(p),
-                machine: Some(cpu::MachineShare { cores: 2, busy: 0.9, idle: 0.1, stolen: 0.0 }),
+            raw: Some(RawReport { publish_to_consume_ms: Some(p), ..raw_report(4000.0) }),
+            raw_after: Some(RawReport {
+                machine: Some(cpu::MachineShare { cores: 2, busy: 0.8, idle: 0.2, stolen: 0.0 }),
+                ..raw_report(2000.0)
             }),
             ratio_to_raw: Some(0.0005),
             stored: BTreeMap::from([("FLOWMESH_EVENTS".to_owned(), 20)]),
@@ -1384,6 +1435,13 @@ mod tests {
                 && l.ends_with("2 cores: 90% busy, 10% idle, 0% stolen by the hypervisor")),
             "{text}"
         );
+        assert!(
+            text.lines().any(|l| l.starts_with("machine (raw after)")
+                && l.ends_with("2 cores: 80% busy, 20% idle, 0% stolen by the hypervisor")),
+            "{text}"
+        );
+        assert!(text.lines().any(|l| l.starts_with("raw JetStream after") && l.contains("2000.0 msgs/s")), "{text}");
+        assert!(text.contains("the mean of before and after"), "{text}");
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.contains("1 (batch slots 2, queue places 1)"), "{text}");
