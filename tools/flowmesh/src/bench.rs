@@ -412,11 +412,15 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     let after = stream_sequences(js).await?;
     let queue_places = offered_queue(js, &fleet).await?;
     // The ceiling again, now that the pipeline has run (not after an interrupted or timed-out
-    // run: its figures compare with nothing).
+    // run: its figures compare with nothing). Interrupted during it, the report keeps what was
+    // measured, compared with the ceiling before.
     let raw_after = match &options.raw {
         Some(connect) if matches!(p.end, RunEnd::Finished) => {
-            let measured = raw(connect, raw_bodies(), options.replicas, options.timeout, stop).await;
-            Some(measured.map_err(|e| e.context("the raw round trip after the pipeline"))?)
+            match raw(connect, raw_bodies(), options.replicas, options.timeout, stop.clone()).await {
+                Ok(measured) => Some(measured),
+                Err(_) if stop.is_set() => None,
+                Err(e) => return Err(e.context("the raw round trip after the pipeline")),
+            }
         }
         _ => None,
     };
