@@ -370,8 +370,8 @@ pub fn raw_ceiling(before: Option<&RawReport>, after: Option<&RawReport>) -> Opt
     (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
 }
 
-/// Runs the bench against the stack behind `js`; `stop` ends it early (the raw stream is still
-/// deleted and the report covers what was measured).
+/// Runs the bench against the stack behind `js`; `stop` ends it early (each raw run's stream is
+/// still deleted and the report covers what was measured).
 pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> anyhow::Result<Report> {
     anyhow::ensure!(options.tasks > 0, "--tasks is 0: give at least 1");
     anyhow::ensure!(options.concurrency > 0, "--concurrency is 0: give at least 1");
