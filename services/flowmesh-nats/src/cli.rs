@@ -164,6 +164,27 @@ where
     serve_on(runtime, service)
 }
 
+/// Runs `service` on a thread of its own, as a task of a runtime of one thread like `serve`'s,
+/// and returns at once; its result arrives on the receiver (which reports an error if the
+/// thread ended without one). What the service connects to and spawns stays on that thread: a
+/// one-process stack gives a service the thread its own process would have.
+pub fn serve_on_a_thread_of_its_own<F, T>(
+    name: &str,
+    service: F,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<anyhow::Result<T>>>
+where
+    F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name(name.to_owned()).spawn(move || {
+        let mut runtime = runtime();
+        runtime.worker_threads(1);
+        let _ = done.send(serve_on(runtime, service));
+    })?;
+    Ok(result)
+}
+
 /// Runs `service` as a task of the runtime `runtime` builds, blocking until it returns.
 fn serve_on<F, T>(mut runtime: tokio::runtime::Builder, service: F) -> anyhow::Result<T>
 where
@@ -279,5 +300,25 @@ mod tests {
             "the task spawned last ran first: the runtime kept tokio's LIFO slot (is the build without \
              .cargo/config.toml's --cfg tokio_unstable, a RUSTFLAGS in the environment replacing it?)"
         );
+    }
+
+    #[test]
+    fn a_service_on_a_thread_of_its_own_runs_and_spawns_there_and_reports_how_it_ended() {
+        let caller = std::thread::current().id();
+        let done = super::serve_on_a_thread_of_its_own("flowmesh-test", async move {
+            let own = std::thread::current().id();
+            // What the service spawns runs on its runtime's one thread, not the caller's.
+            let spawned = tokio::spawn(async { std::thread::current().id() }).await?;
+            Ok((own, spawned))
+        })
+        .unwrap();
+        let (own, spawned) = done.blocking_recv().expect("the thread sends its result").unwrap();
+        assert_ne!(own, caller);
+        assert_eq!(spawned, own);
+
+        let failed =
+            super::serve_on_a_thread_of_its_own::<_, ()>("flowmesh-test", async { anyhow::bail!("no server") })
+                .unwrap();
+        assert_eq!(failed.blocking_recv().unwrap().unwrap_err().to_string(), "no server");
     }
 }

@@ -52,7 +52,7 @@ pub struct Stack {
     pub server: NatsServer,
     pub data_dir: PathBuf,
     trigger: Trigger,
-    services: tokio::task::JoinSet<(String, anyhow::Result<()>)>,
+    services: Services,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -77,6 +77,37 @@ pub fn worker_config(options: &StackOptions, data_dir: &std::path::Path, n: usiz
     config
 }
 
+type Services = tokio::task::JoinSet<(String, anyhow::Result<()>)>;
+
+/// The services `flowmesh dev` runs each on a thread of its own unless `FLOWMESH_DEV_OWN_THREADS`
+/// names others (a comma-separated list; empty: all on the stack's one runtime thread).
+/// ARCHITECTURE, "Decisions": "A one-machine stack gives its validator and router a thread each".
+const OWN_THREADS: &str = "validator,router";
+
+fn on_own_thread(service: &str) -> bool {
+    let listed = std::env::var("FLOWMESH_DEV_OWN_THREADS").unwrap_or_else(|_| OWN_THREADS.to_owned());
+    listed.split(',').any(|name| name.trim() == service)
+}
+
+/// Starts `service` (which connects on its own) as `name`: on a thread of its own, or as a task
+/// of the stack's runtime.
+fn start<F>(services: &mut Services, name: &str, service: F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let name = name.to_owned();
+    if on_own_thread(&name) {
+        let done = flowmesh_nats::cli::serve_on_a_thread_of_its_own(&format!("flowmesh-{name}"), service)?;
+        services.spawn(async move {
+            let ended = done.await.unwrap_or_else(|_| Err(anyhow::anyhow!("its thread ended without a result")));
+            (name, ended)
+        });
+    } else {
+        services.spawn(async move { (name, service.await) });
+    }
+    Ok(())
+}
+
 impl Stack {
     pub async fn start(options: StackOptions) -> anyhow::Result<Stack> {
         let (temp, data_dir) = match &options.data {
@@ -93,13 +124,13 @@ impl Stack {
         let (trigger, _) = shutdown::channel();
         let mut services = tokio::task::JoinSet::new();
 
-        let (_, h) = handles(&url, "flowmesh-validator").await?;
         let stop = trigger.subscribe();
-        services.spawn(async move {
-            ("validator".to_owned(), flowmesh_validator::run(flowmesh_validator::Config::default(), h, stop).await)
-        });
+        let validator_url = url.clone();
+        start(&mut services, "validator", async move {
+            let (_, h) = handles(&validator_url, "flowmesh-validator").await?;
+            flowmesh_validator::run(flowmesh_validator::Config::default(), h, stop).await
+        })?;
 
-        let (client, h) = handles(&url, "flowmesh-router").await?;
         let stop = trigger.subscribe();
         let router = flowmesh_router::Config {
             schedule: flowmesh_domain::schedule::Config {
@@ -114,7 +145,11 @@ impl Stack {
             checkpoint_every: Duration::from_secs(10),
             keep_ended: options.keep_ended,
         };
-        services.spawn(async move { ("router".to_owned(), flowmesh_router::run(router, client, h, stop).await) });
+        let router_url = url.clone();
+        start(&mut services, "router", async move {
+            let (client, h) = handles(&router_url, "flowmesh-router").await?;
+            flowmesh_router::run(router, client, h, stop).await
+        })?;
 
         for n in 1..=options.workers {
             let config = worker_config(&options, &data_dir, n);
