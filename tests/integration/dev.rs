@@ -37,6 +37,19 @@ async fn a_dev_stack_with_a_data_folder_survives_a_restart() -> anyhow::Result<(
     Ok(())
 }
 
+/// A stack is ready when `start` returns: its router leads and already sees every worker, so
+/// the first submission is placed at once (the demo once heard "no live workers" first).
+#[tokio::test]
+async fn a_started_stack_has_a_router_that_leads_and_sees_every_worker() -> anyhow::Result<()> {
+    let stack = Stack::start(StackOptions { workers: 3, ..Default::default() }).await?;
+    let client = async_nats::connect(stack.url()).await?;
+    let reply = client.request(flowmesh_nats::subjects::status("router"), "".into()).await?;
+    let status: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+    stack.stop().await;
+    assert_eq!((&status["leader"], &status["live_workers"]), (&true.into(), &3.into()), "{status}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn ctrl_c_stops_flowmesh_dev_and_its_nats_server() -> anyhow::Result<()> {
     let port = flowmesh::nats_server::free_port()?;

@@ -51,6 +51,7 @@ impl Default for StackOptions {
 pub struct Stack {
     pub server: NatsServer,
     pub data_dir: PathBuf,
+    workers: usize,
     trigger: Trigger,
     services: Services,
     _temp: Option<tempfile::TempDir>,
@@ -108,8 +109,51 @@ where
     Ok(())
 }
 
+/// How long a new stack's router may take to lead and to see every worker live.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+
+/// Waits until the router's status says that it leads and sees `workers` live workers: a
+/// workflow submitted then is placed at once, not told that no worker can run it yet (the
+/// router, on a thread of its own, can read a submission before the first snapshot). The status
+/// is refreshed on the router's tick. A restarted stack may still be reading its log then; what
+/// it places waits until it has.
+async fn router_sees_its_fleet(url: &str, workers: usize) -> anyhow::Result<()> {
+    let client = async_nats::connect(url).await?;
+    let deadline = tokio::time::Instant::now() + READY_WITHIN;
+    let ready =
+        |s: &serde_json::Value| s["leader"] == true && s["live_workers"].as_u64().is_some_and(|n| n >= workers as u64);
+    let mut last = serde_json::Value::Null;
+    while tokio::time::Instant::now() < deadline {
+        // No responders yet: the router has not registered its status endpoint.
+        if let Ok(reply) = client.request(flowmesh_nats::subjects::status("router"), "".into()).await {
+            last = serde_json::from_slice(&reply.payload).unwrap_or_default();
+            if ready(&last) {
+                return Ok(());
+            }
+        }
+        // Polling a status that changes on the router's tick; a CLI's wait, not a test's.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!(
+        "the router did not lead and see {workers} live worker(s) within {}s; its last status: {last}",
+        READY_WITHIN.as_secs()
+    )
+}
+
 impl Stack {
+    /// Starts the server and the services, and returns once the stack is `ready` (or stopped
+    /// again, with the reason it did not get there).
     pub async fn start(options: StackOptions) -> anyhow::Result<Stack> {
+        let mut stack = Stack::launch(options).await?;
+        if let Err(e) = stack.ready().await {
+            stack.stop().await;
+            return Err(e);
+        }
+        Ok(stack)
+    }
+
+    /// Starts the server and the services without waiting for them to be `ready`.
+    pub async fn launch(options: StackOptions) -> anyhow::Result<Stack> {
         let (temp, data_dir) = match &options.data {
             Some(dir) => (None, dir.clone()),
             None => {
@@ -158,7 +202,17 @@ impl Stack {
             let stop = trigger.subscribe();
             services.spawn(async move { (name, flowmesh_worker::run(config, client, h, stop).await) });
         }
-        Ok(Stack { server, data_dir, trigger, services, _temp: temp })
+        Ok(Stack { server, data_dir, workers: options.workers, trigger, services, _temp: temp })
+    }
+
+    /// Waits until the router leads and sees every worker live, or fails with why not (a
+    /// service stopped, or the router did not get there in time).
+    pub async fn ready(&mut self) -> anyhow::Result<()> {
+        let url = self.url();
+        tokio::select! {
+            ready = router_sees_its_fleet(&url, self.workers) => ready,
+            (name, result) = self.failed() => Err(anyhow::anyhow!("{name} stopped while the stack started: {result:?}")),
+        }
     }
 
     pub fn url(&self) -> String {

@@ -4,6 +4,7 @@
 use anyhow::Context;
 use flowmesh::{dev, submit};
 use flowmesh_nats::cli::NatsArgs;
+use flowmesh_nats::shutdown::Shutdown;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -58,35 +59,64 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
         keep_ended: flowmesh_router::keep_ended(args.keep_ended_sec),
         ..Default::default()
     };
-    let mut stack = dev::Stack::start(options).await?;
+    // Listening from the start: a Ctrl-C while the stack comes up, or during the demo, stops it
+    // as cleanly as later.
+    let (_t, mut shutdown) = flowmesh_nats::cli::shutdown_on_signals();
+    let mut stack = dev::Stack::launch(options).await?;
+    match until_interrupted(&mut shutdown, stack.ready()).await {
+        None => return stopped(stack, Ok(ExitCode::SUCCESS)).await,
+        Some(Err(e)) => return stopped(stack, Err(e)).await,
+        Some(Ok(())) => {}
+    }
     let url = stack.url();
     eprintln!("\nFlowMesh dev stack is up.\n  NATS_URL={url}\n  data: {}\n", stack.data_dir.display());
     eprintln!(
         "Try, in another terminal:\n  export NATS_URL={url}\n  flowmesh worker list\n  flowmesh submit examples/valid/echo_stages.yaml --watch\n  flowmesh workflow list\n"
     );
     if args.demo {
-        let client = async_nats::connect(&url).await?;
-        let js = async_nats::jetstream::new(client);
-        let (workflow_id, _) = submit::submit(&js, dev::DEMO.as_bytes().to_vec(), Some("flowmesh-dev-demo")).await?;
-        eprintln!("demo: submitted examples/valid/echo.yaml as {workflow_id}");
-        let (end, state) = submit::follow(&js, &workflow_id, Duration::from_secs(120), |event, _| {
-            if let Some(line) = submit::progress_line(event) {
-                eprintln!("demo: {line}");
-            }
-        })
-        .await?;
-        let results = submit::results(&js, &state, &workflow_id).await?;
-        println!("{}", serde_json::to_string_pretty(&results)?);
-        if !args.keep {
-            stack.stop().await;
-            return Ok(super::exit(end.success()));
+        match until_interrupted(&mut shutdown, demo(&url)).await {
+            // The demo did not finish: 130, as a shell reports an interrupted command.
+            None => return stopped(stack, Ok(ExitCode::from(130))).await,
+            Some(Err(e)) => return stopped(stack, Err(e)).await,
+            Some(Ok(success)) if !args.keep => return stopped(stack, Ok(super::exit(success))).await,
+            Some(Ok(_)) => {}
         }
     }
-    let (_t, mut shutdown) = flowmesh_nats::cli::shutdown_on_signals();
     tokio::select! {
         _ = shutdown.wait() => {}
         (name, result) = stack.failed() => eprintln!("{name} stopped: {result:?}"),
     }
+    stopped(stack, Ok(ExitCode::SUCCESS)).await
+}
+
+/// Submits the bundled echo example, follows it to its end and prints its results; whether it
+/// succeeded.
+async fn demo(url: &str) -> anyhow::Result<bool> {
+    let client = async_nats::connect(url).await?;
+    let js = async_nats::jetstream::new(client);
+    let (workflow_id, _) = submit::submit(&js, dev::DEMO.as_bytes().to_vec(), Some("flowmesh-dev-demo")).await?;
+    eprintln!("demo: submitted examples/valid/echo.yaml as {workflow_id}");
+    let (end, state) = submit::follow(&js, &workflow_id, Duration::from_secs(120), |event, _| {
+        if let Some(line) = submit::progress_line(event) {
+            eprintln!("demo: {line}");
+        }
+    })
+    .await?;
+    let results = submit::results(&js, &state, &workflow_id).await?;
+    println!("{}", serde_json::to_string_pretty(&results)?);
+    Ok(end.success())
+}
+
+/// `work`'s result, or `None` once a signal asked to stop first.
+async fn until_interrupted<T>(shutdown: &mut Shutdown, work: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        done = work => Some(done),
+        _ = shutdown.wait() => None,
+    }
+}
+
+/// `outcome`, once the stack has stopped.
+async fn stopped<T>(stack: dev::Stack, outcome: T) -> T {
     stack.stop().await;
-    Ok(ExitCode::SUCCESS)
+    outcome
 }
