@@ -82,8 +82,8 @@ type Services = tokio::task::JoinSet<(String, anyhow::Result<()>)>;
 
 /// The services `flowmesh dev` runs each on a thread of its own unless `FLOWMESH_DEV_OWN_THREADS`
 /// names others (a comma-separated list; empty: all on the stack's one runtime thread).
-/// ARCHITECTURE, "Decisions": "A one-machine stack gives its validator and router a thread each".
-const OWN_THREADS: &str = "validator,router";
+/// ARCHITECTURE, "Decisions": "A one-machine stack gives its router a thread of its own".
+const OWN_THREADS: &str = "router";
 
 fn on_own_thread(service: &str) -> bool {
     let listed = std::env::var("FLOWMESH_DEV_OWN_THREADS").unwrap_or_else(|_| OWN_THREADS.to_owned());
