@@ -50,32 +50,51 @@ async fn a_started_stack_has_a_router_that_leads_and_sees_every_worker() -> anyh
     Ok(())
 }
 
-#[tokio::test]
-async fn ctrl_c_stops_flowmesh_dev_and_its_nats_server() -> anyhow::Result<()> {
+/// `flowmesh dev` on a free port with a data folder, once its worker has a snapshot in the bucket.
+async fn flowmesh_dev_up(data: &std::path::Path) -> anyhow::Result<(tokio::process::Child, u16)> {
     let port = flowmesh::nats_server::free_port()?;
-    let data = tempfile::tempdir()?;
-    let mut dev = tokio::process::Command::new(tests::flowmesh_bin())
-        .args(["dev", "--port", &port.to_string(), "--data", data.path().to_str().unwrap()])
+    let dev = tokio::process::Command::new(tests::flowmesh_bin())
+        .args(["dev", "--port", &port.to_string(), "--data", data.to_str().unwrap()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
     let url = format!("nats://127.0.0.1:{port}");
     let deadline = tokio::time::Instant::now() + tests::DEADLINE;
-    // Ready once its worker has a snapshot in the bucket.
     loop {
         if let Ok(client) = async_nats::connect(&url).await
             && let Ok(kv) = async_nats::jetstream::new(client).get_key_value("flowmesh_workers").await
             && kv.get("dev-worker-1").await.ok().flatten().is_some()
         {
-            break;
+            return Ok((dev, port));
         }
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "flowmesh dev never came up");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_flowmesh_dev_and_its_nats_server() -> anyhow::Result<()> {
+    let data = tempfile::tempdir()?;
+    let (mut dev, port) = flowmesh_dev_up(data.path()).await?;
     let status = tests::interrupt(&mut dev).await?;
     assert!(status.success(), "a clean exit on Ctrl-C: {status:?}");
     assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err(), "its nats-server stopped too");
+    Ok(())
+}
+
+/// Killed outright, `flowmesh dev` cannot stop its server itself; the kernel does, so no server
+/// is left holding the port and the store.
+#[tokio::test]
+async fn a_killed_flowmesh_dev_takes_its_nats_server_along() -> anyhow::Result<()> {
+    let data = tempfile::tempdir()?;
+    let (mut dev, port) = flowmesh_dev_up(data.path()).await?;
+    dev.kill().await?;
+    let deadline = tokio::time::Instant::now() + tests::DEADLINE;
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "nats-server still accepts on port {port}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 

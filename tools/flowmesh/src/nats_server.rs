@@ -137,6 +137,15 @@ impl NatsServer {
         if let Some(gogc) = gogc(std::env::var_os("GOGC").as_deref()) {
             command.env("GOGC", gogc);
         }
+        #[cfg(target_os = "linux")]
+        {
+            let starter = std::process::id();
+            // SAFETY: the hook runs in the forked child before exec and calls only prctl and
+            // getppid, which are async-signal-safe.
+            unsafe {
+                command.pre_exec(move || stop_with(starter));
+            }
+        }
         let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
             .arg(store_dir)
@@ -225,6 +234,23 @@ impl NatsServer {
 struct ExitedAtStart {
     status: std::process::ExitStatus,
     port: u16,
+}
+
+/// In the server's process before it starts: the kernel sends it SIGTERM when the thread that
+/// started it ends, so a `flowmesh dev` killed outright (kill -9, the OOM killer) takes its
+/// server along instead of leaving it running on its port and store. The threads that start one
+/// (a runtime's, a test's) live as long as what uses the server.
+#[cfg(target_os = "linux")]
+fn stop_with(starter: u32) -> std::io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The starter may have ended before the setting took: then nobody would send the signal.
+    if std::os::unix::process::parent_id() != starter {
+        return Err(std::io::Error::other("the process starting nats-server ended"));
+    }
+    Ok(())
 }
 
 fn unsafe_terminate(pid: u32) {
