@@ -64,6 +64,8 @@ pub async fn consumer(
 /// Runs until `shutdown` fires.
 pub async fn run(config: Config, handles: Handles, mut shutdown: Shutdown) -> anyhow::Result<()> {
     let consumer = consumer(&handles.js, &config).await?;
+    // Off the async workers: the schemas take milliseconds to compile.
+    tokio::task::spawn_blocking(flowmesh_domain::schema::compile_submission_schemas).await?;
     let status = flowmesh_nats::status::Status::default();
     let mut verdicts = 0u64;
     let counted = |verdicts: u64| serde_json::json!({ "instance": config.instance, "consumer": config.consumer, "verdicts": verdicts });
