@@ -261,6 +261,17 @@ pub fn samples_csv(samples: &[Sample]) -> String {
     out
 }
 
+/// Where `--samples FILE` puts the timeline of a sweep's run at `percent` of the burst's rate:
+/// beside FILE, the percent before its extension (`tail.csv` → `tail-50.csv`).
+pub fn point_samples_path(path: &std::path::Path, percent: u8) -> std::path::PathBuf {
+    let stem = path.file_stem().map_or_else(|| "samples".into(), |s| s.to_string_lossy().into_owned());
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}-{percent}.{}", ext.to_string_lossy()),
+        None => format!("{stem}-{percent}"),
+    };
+    path.with_file_name(name)
+}
+
 /// A workflow that did not complete, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
@@ -1328,6 +1339,22 @@ mod tests {
         assert_eq!("python=1".parse::<Mix>().unwrap().schedule(3), vec![Python; 3]);
         assert_eq!("echo=1,python=1".parse::<Mix>().unwrap().schedule(3), vec![Echo, Python, Echo]);
         assert!(mix.schedule(0).is_empty());
+    }
+
+    #[test]
+    fn a_sweep_point_s_samples_go_beside_the_burst_s_with_its_percent() {
+        for (given, percent, want) in [
+            ("tail.csv", 50, "tail-50.csv"),
+            ("/tmp/runs/tail.csv", 25, "/tmp/runs/tail-25.csv"),
+            ("tail", 90, "tail-90"),
+            ("runs/day.1.csv", 50, "runs/day.1-50.csv"),
+        ] {
+            assert_eq!(
+                point_samples_path(std::path::Path::new(given), percent),
+                std::path::PathBuf::from(want),
+                "{given}"
+            );
+        }
     }
 
     fn check_percentiles(samples: &[f64], want: Option<(f64, f64, f64, f64)>) {

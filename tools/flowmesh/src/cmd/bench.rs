@@ -64,8 +64,9 @@ pub struct Args {
     json: bool,
     /// Also write every workflow's timeline to FILE as CSV (submitted_ms, to_start_ms,
     /// to_done_ms: ms from the first submission; an empty cell where nothing was measured), to see
-    /// when a tail happened.
-    #[arg(long, value_name = "FILE", conflicts_with = "sweep")]
+    /// when a tail happened. With --sweep, each load's beside it, its percent before the extension
+    /// (FILE-25.csv, FILE-50.csv, FILE-90.csv).
+    #[arg(long, value_name = "FILE")]
     samples: Option<PathBuf>,
 }
 
@@ -145,8 +146,14 @@ pub async fn run(nats: &NatsArgs, args: Args) -> anyhow::Result<ExitCode> {
     }
     let report = report?;
     if let Some(path) = &args.samples {
-        std::fs::write(path, bench::samples_csv(&report.samples))
-            .map_err(|e| anyhow::anyhow!("writing --samples {}: {e}", path.display()))?;
+        let write = |path: &std::path::Path, r: &bench::Report| {
+            std::fs::write(path, bench::samples_csv(&r.samples))
+                .map_err(|e| anyhow::anyhow!("writing --samples {}: {e}", path.display()))
+        };
+        write(path, &report)?;
+        for point in &sweep {
+            write(&bench::point_samples_path(path, point.percent), &point.report)?;
+        }
     }
     for r in std::iter::once(&report).chain(sweep.iter().map(|p| &p.report)) {
         for f in &r.failures {
