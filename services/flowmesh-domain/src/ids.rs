@@ -163,7 +163,9 @@ impl WorkflowIds {
 
 /// The sequence of an id of exactly [`workflow_id`]'s form (`wf-7`, not `wf-07`).
 fn canonical_seq(id: &str) -> Option<u64> {
-    submission_seq(id).filter(|&seq| workflow_id(seq) == id)
+    let digits = id.strip_prefix("wf-")?;
+    let canonical = digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().ok()).flatten()
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -214,6 +216,31 @@ mod tests {
             serde_json::from_value(serde_json::json!({"ranges": [[0, u64::MAX]], "others": ["job-1"]}))
                 .expect("a range as wide as u64 reads");
         assert_eq!(wide.len(), usize::MAX);
+    }
+
+    #[test]
+    fn only_the_spelling_workflow_id_writes_reads_as_a_sequence() {
+        for (id, want) in [
+            ("wf-0", Some(0)),
+            ("wf-7", Some(7)),
+            ("wf-10", Some(10)),
+            ("wf-18446744073709551615", Some(u64::MAX)),
+            ("wf-18446744073709551616", None),
+            ("wf-07", None),
+            ("wf-00", None),
+            ("wf-+7", None),
+            ("wf--7", None),
+            ("wf- 7", None),
+            ("wf-7a", None),
+            ("wf-", None),
+            ("wf7", None),
+            ("job-7", None),
+        ] {
+            assert_eq!(canonical_seq(id), want, "{id}");
+            if let Some(seq) = want {
+                assert_eq!(workflow_id(seq), id, "what it reads, workflow_id writes");
+            }
+        }
     }
 
     #[test]

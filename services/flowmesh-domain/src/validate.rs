@@ -88,7 +88,7 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
     let Some(spec) = doc.get("spec").filter(|s| s.is_object()) else {
         return Err(finish(problems));
     };
-    let (root, stages) = split_stages(spec);
+    let (mut root, stages) = split_stages(spec);
     if stages.len() > MAX_STAGES {
         problems.insert(Problem::new(
             "/spec",
@@ -96,7 +96,6 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
         ));
         return Err(finish(problems));
     }
-    let root_keys: HashSet<&str> = root.as_object().map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
 
     // The graph: names, dependencies, order.
     let mut index: HashMap<&str, usize> = HashMap::new();
@@ -201,13 +200,15 @@ pub fn validate_document(doc: &Value, workflow_id: &str) -> Result<Workflow, Vec
     let mut tasks = Vec::with_capacity(stages.len());
     for &i in &order {
         let stage = &stages[i];
-        let merged = if stage.spec_path == "/spec" { root.clone() } else { deep_merge(&root, &stage.spec) };
-        let stage_keys: HashSet<&str> =
-            stage.spec.as_object().map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default();
+        // A single task is the one stage, and its merged spec is the root itself: moved, not copied.
+        let single = stage.spec_path == "/spec";
+        debug_assert!(!single || stages.len() == 1, "a single task's stage is the only one");
+        let merged = if single { std::mem::take(&mut root) } else { deep_merge(&root, &stage.spec) };
+        let set_by = |spec: &Value, key: &str| spec.as_object().is_some_and(|m| m.contains_key(key));
         // A field reported against the merged spec is blamed on the stage when the stage set it.
         let locate = |relative: &str| -> String {
             let first = relative.trim_start_matches('/').split('/').next().unwrap_or("");
-            if stage.spec_path != "/spec" && (stage_keys.contains(first) || !root_keys.contains(first)) {
+            if !single && (set_by(&stage.spec, first) || !set_by(&root, first)) {
                 schema::join(&stage.spec_path, relative)
             } else {
                 schema::join("/spec", relative)
