@@ -67,6 +67,12 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
         "start {start:?} vs done {done:?}"
     );
     assert!(report.tasks_per_sec > 0.0 && report.wall_ms >= done.max * 0.99, "{report:#?}");
+    // Where its slowest starts were: at least the slowest one, in as many stalls as there are
+    // of them at most, and none submitted after the run's last end.
+    let slow = report.slow_starts.expect("a run that timed starts says when its slowest were submitted");
+    assert!((1..=20).contains(&slow.samples) && (1..=slow.samples).contains(&slow.stalls), "{slow:?}");
+    assert!(slow.largest_share > 0.0 && slow.largest_share <= 1.0, "{slow:?}");
+    assert!(slow.largest_at_ms + slow.largest_span_ms <= report.wall_ms, "{slow:?}");
 
     let raw = report.raw.clone().expect("--raw was asked for");
     assert_eq!(raw.messages, 500);

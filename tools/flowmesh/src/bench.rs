@@ -272,6 +272,52 @@ pub fn point_samples_path(path: &std::path::Path, percent: u8) -> std::path::Pat
     path.with_file_name(name)
 }
 
+/// Slow starts less than this far apart (by submission time) belong to one stall.
+pub const STALL_GAP_MS: f64 = 50.0;
+
+/// When the slowest 1% of a run's starts were submitted: in one or a few stalls (something held
+/// everything for a moment; on two cores, most often nats-server collecting garbage) or spread
+/// through the run (the pipeline queueing). p99 alone cannot tell the two apart.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SlowStarts {
+    /// Workflows whose submit→start was p99 or more.
+    pub samples: usize,
+    /// The groups they fall into, each a run of them (in submission order) with no gap of
+    /// `STALL_GAP_MS` or more.
+    pub stalls: usize,
+    /// The largest group: when its first was submitted (ms from the run's first submission),
+    /// the time from its first submission to its last, and its share of `samples`.
+    pub largest_at_ms: f64,
+    pub largest_span_ms: f64,
+    pub largest_share: f64,
+}
+
+/// Where the starts at or above p99 fell in `samples`, or `None` when no start was timed.
+pub fn slow_starts(samples: &[Sample]) -> Option<SlowStarts> {
+    let timed: Vec<(f64, f64)> =
+        samples.iter().filter_map(|s| s.to_start_ms.map(|start| (s.submitted_ms, start))).collect();
+    let p99 = percentiles(&timed.iter().map(|(_, start)| *start).collect::<Vec<_>>())?.p99;
+    let mut slow: Vec<f64> = timed.iter().filter(|(_, start)| *start >= p99).map(|(at, _)| *at).collect();
+    slow.sort_by(f64::total_cmp);
+    // Each group as (its first submission, its last, how many).
+    let mut groups: Vec<(f64, f64, usize)> = Vec::new();
+    for at in &slow {
+        match groups.last_mut() {
+            Some((_, last, n)) if at - *last < STALL_GAP_MS => (*last, *n) = (*at, *n + 1),
+            _ => groups.push((*at, *at, 1)),
+        }
+    }
+    // The first of the largest: `max_by_key` keeps the last of equals, so it walks them backwards.
+    let (first, last, n) = groups.iter().rev().copied().max_by_key(|(_, _, n)| *n)?;
+    Some(SlowStarts {
+        samples: slow.len(),
+        stalls: groups.len(),
+        largest_at_ms: first,
+        largest_span_ms: last - first,
+        largest_share: n as f64 / slow.len() as f64,
+    })
+}
+
 /// A workflow that did not complete, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
@@ -328,6 +374,9 @@ pub struct Report {
     pub tasks_per_sec: f64,
     pub submit_to_start_ms: Option<Percentiles>,
     pub submit_to_done_ms: Option<Percentiles>,
+    /// When the slowest 1% of starts were submitted (`slow_starts`).
+    #[serde(default)]
+    pub slow_starts: Option<SlowStarts>,
     /// The first few failures, for a person to start from.
     pub failures: Vec<Failure>,
     pub raw: Option<RawReport>,
@@ -467,6 +516,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         tasks_per_sec,
         submit_to_start_ms: percentiles(&p.to_start),
         submit_to_done_ms: percentiles(&p.to_done),
+        slow_starts: slow_starts(&p.samples),
         failures: p.failures.into_iter().take(FAILURES_KEPT).collect(),
         raw: raw_before,
         raw_after,
@@ -1177,7 +1227,25 @@ pub fn render(r: &Report) -> String {
         latency.push(row);
     }
     out.push_str(&table::render(&["LATENCY (ms)", "N", "P50", "P90", "P99", "MAX"], &latency));
+    if let Some(slow) = &r.slow_starts {
+        out.push_str(&format!("\n{}\n", slow_starts_line(slow)));
+    }
     out
+}
+
+/// `slow` in words: how many, in how many stalls, and the largest's share, span and time.
+fn slow_starts_line(slow: &SlowStarts) -> String {
+    let stalls = match slow.stalls {
+        1 => "1 stall".to_owned(),
+        n => format!("{n} stalls"),
+    };
+    format!(
+        "slowest 1% of starts: {} in {stalls}; the largest holds {:.0}% of them, submitted over {:.0} ms from {:.0} ms into the run",
+        slow.samples,
+        slow.largest_share * 100.0,
+        slow.largest_span_ms,
+        slow.largest_at_ms
+    )
 }
 
 #[cfg(test)]
@@ -1404,6 +1472,50 @@ mod tests {
     }
 
     #[test]
+    fn the_slowest_starts_are_grouped_into_stalls_by_when_they_were_submitted() {
+        // One submission a millisecond for a second, every start its own figure (no ties), each
+        // `slow(n)` one 30 ms. Of 1,000, p99 (nearest rank) is the 990th: 11 are at or above it.
+        let run = |slow: &dyn Fn(usize) -> bool| -> Vec<Sample> {
+            (0..1000)
+                .map(|n| {
+                    let start = if slow(n) { 30.0 } else { 1.0 + n as f64 * 1e-4 };
+                    Sample { submitted_ms: n as f64, to_start_ms: Some(start), to_done_ms: Some(start) }
+                })
+                .collect()
+        };
+        let one_stall = run(&|n| (400..411).contains(&n));
+        let two_stalls = run(&|n| (100..104).contains(&n) || (700..707).contains(&n));
+        let equal_stalls = run(&|n| (100..105).contains(&n) || (700..705).contains(&n) || n == 900);
+        let spread = run(&|n| n % 91 == 0);
+        let just_under_the_gap = run(&|n| n % 49 == 0 && n <= 490);
+        let at_the_gap = run(&|n| n % 50 == 0 && n <= 500);
+        let mut unstarted = one_stall.clone();
+        unstarted.iter_mut().for_each(|s| s.to_start_ms = None);
+        let stalls = |stalls: usize, at: f64, span: f64, share: f64| {
+            Some(SlowStarts { samples: 11, stalls, largest_at_ms: at, largest_span_ms: span, largest_share: share })
+        };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, &[Sample], Option<SlowStarts>)> = vec![
+            ("eleven slow in a row", &one_stall, stalls(1, 400.0, 10.0, 1.0)),
+            ("four, then seven", &two_stalls, stalls(2, 700.0, 6.0, 7.0 / 11.0)),
+            ("two largest alike: the first", &equal_stalls, stalls(3, 100.0, 4.0, 5.0 / 11.0)),
+            ("one every 91 ms", &spread, stalls(11, 0.0, 0.0, 1.0 / 11.0)),
+            ("gaps of 49 ms join", &just_under_the_gap, stalls(1, 0.0, 490.0, 1.0)),
+            ("gaps of STALL_GAP_MS part", &at_the_gap, stalls(11, 0.0, 0.0, 1.0 / 11.0)),
+            ("no start timed", &unstarted, None),
+            ("nothing", &[], None),
+        ];
+        for (what, samples, want) in cases {
+            assert_eq!(slow_starts(samples), want, "{what}");
+        }
+        let line = slow_starts_line(&stalls(2, 700.0, 6.0, 7.0 / 11.0).unwrap());
+        assert_eq!(
+            line,
+            "slowest 1% of starts: 11 in 2 stalls; the largest holds 64% of them, submitted over 6 ms from 700 ms into the run"
+        );
+    }
+
+    #[test]
     fn the_raw_ceiling_is_the_mean_of_the_runs_that_measured_one() {
         let (fast, slow, none) = (raw_report(80_000.0), raw_report(60_000.0), raw_report(0.0));
         let cases: [(Option<&RawReport>, Option<&RawReport>, Option<f64>); 6] = [
@@ -1440,6 +1552,13 @@ mod tests {
             tasks_per_sec: 2.0,
             submit_to_start_ms: Some(p),
             submit_to_done_ms: None,
+            slow_starts: Some(SlowStarts {
+                samples: 2,
+                stalls: 1,
+                largest_at_ms: 12.0,
+                largest_span_ms: 3.0,
+                largest_share: 1.0,
+            }),
             failures: Vec::new(),
             raw: Some(RawReport { publish_to_consume_ms: Some(p), ..raw_report(4000.0) }),
             raw_after: Some(RawReport {
@@ -1473,6 +1592,7 @@ mod tests {
         );
         assert!(text.lines().any(|l| l.starts_with("raw JetStream after") && l.contains("2000.0 msgs/s")), "{text}");
         assert!(text.contains("the mean of before and after"), "{text}");
+        assert!(text.contains("slowest 1% of starts: 2 in 1 stall;"), "{text}");
         assert_eq!(text.matches("\nwall ").count(), 1, "{text}");
         assert!(text.contains("echo 3, python 1"), "{text}");
         assert!(text.contains("1 (batch slots 2, queue places 1)"), "{text}");
