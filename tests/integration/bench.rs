@@ -118,6 +118,10 @@ async fn bench_times_every_task_and_measures_the_raw_ceiling_on_the_same_server(
     assert_eq!(cpu, ["bench test", "nats-server"], "{report:#?}");
     assert!(report.cpu_ms_per_task.values().all(|ms| ms.is_finite() && *ms >= 0.0), "{report:#?}");
     assert!(report.cpu_ms_per_task["bench test"] > 0.0, "twenty workflows took no CPU here: {report:#?}");
+    // And how often each left its core: every workflow's messages wait for the server at least once.
+    let switched: Vec<&str> = report.switches_per_task.keys().map(String::as_str).collect();
+    assert_eq!(switched, ["bench test", "nats-server"], "{report:#?}");
+    assert!(report.switches_per_task.values().all(|n| *n >= 1.0), "{report:#?}");
     let memory: Vec<&str> = report.peak_rss_mib.keys().map(String::as_str).collect();
     assert_eq!(memory, ["bench test", "nats-server"], "{report:#?}");
     assert!(report.peak_rss_mib.values().all(|mib| *mib > 1.0), "{report:#?}");

@@ -401,6 +401,11 @@ pub struct Report {
     /// workflow (`Options::cpu_of`).
     #[serde(default)]
     pub cpu_ms_per_task: BTreeMap<String, f64>,
+    /// Context switches of each measured process during the pipeline run, per completed
+    /// workflow (`cpu::switches`): in a burst many messages share each wake-up, at a steady rate
+    /// each pays its own, and this says how many.
+    #[serde(default)]
+    pub switches_per_task: BTreeMap<String, f64>,
     /// The most memory each measured process has held (`VmHWM`), in MiB, read after the run.
     #[serde(default)]
     pub peak_rss_mib: BTreeMap<String, f64>,
@@ -463,7 +468,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         None => Pace::Burst(options.concurrency),
     };
     let p = pipeline(js, &bodies, &kinds, pace, options.timeout, stop.clone()).await?;
-    let cpu_used = cpu::Sample::take(&options.cpu_of).since(&cpu_before);
+    let cpu_after = cpu::Sample::take(&options.cpu_of);
+    let (cpu_used, switched) = (cpu_after.since(&cpu_before), cpu_after.switches_since(&cpu_before));
     let machine = cpu::MachineTicks::share_since(machine_before);
     let peak_rss_mib = cpu::peak_rss(&options.cpu_of);
     // The bench hears each end as it is published, before the stream has stored it: count only
@@ -498,6 +504,11 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     } else {
         BTreeMap::new()
     };
+    let switches_per_task = if p.completed > 0 {
+        switched.into_iter().map(|(name, n)| (name, n as f64 / p.completed as f64)).collect()
+    } else {
+        BTreeMap::new()
+    };
     Ok(Report {
         tasks: options.tasks,
         concurrency: options.concurrency,
@@ -525,6 +536,7 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
         stored_per_task,
         efficiency,
         cpu_ms_per_task,
+        switches_per_task,
         peak_rss_mib,
         machine,
         samples: p.samples,
@@ -1204,6 +1216,11 @@ pub fn render(r: &Report) -> String {
         let each: Vec<String> = r.cpu_ms_per_task.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect();
         rows.push(vec!["CPU ms/task".to_owned(), format!("{total:.3} ({})", each.join(", "))]);
     }
+    if !r.switches_per_task.is_empty() {
+        let total: f64 = r.switches_per_task.values().sum();
+        let each: Vec<String> = r.switches_per_task.iter().map(|(name, n)| format!("{name} {n:.1}")).collect();
+        rows.push(vec!["switches/task".to_owned(), format!("{total:.1} ({})", each.join(", "))]);
+    }
     if !r.peak_rss_mib.is_empty() {
         let each: Vec<String> = r.peak_rss_mib.iter().map(|(name, mib)| format!("{name} {mib:.0}")).collect();
         rows.push(vec!["peak MiB".to_owned(), each.join(", ")]);
@@ -1571,6 +1588,7 @@ mod tests {
             efficiency: Some(0.0025),
             rate: None,
             cpu_ms_per_task: BTreeMap::from([("nats-server 7".to_owned(), 0.25), ("flowmesh bench".to_owned(), 0.5)]),
+            switches_per_task: BTreeMap::from([("nats-server 7".to_owned(), 30.3), ("flowmesh bench".to_owned(), 6.5)]),
             peak_rss_mib: BTreeMap::from([("nats-server 7".to_owned(), 40.4)]),
             machine: Some(cpu::MachineShare { cores: 2, busy: 0.7, idle: 0.22, stolen: 0.08 }),
             samples: Vec::new(),
@@ -1578,6 +1596,10 @@ mod tests {
         let text = render(&report);
         assert!(text.contains("pipeline = 0.001 × raw"), "{text}");
         assert!(text.contains("0.750 (flowmesh bench 0.500, nats-server 7 0.250)"), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("switches/task") && l.ends_with("36.8 (flowmesh bench 6.5, nats-server 7 30.3)")),
+            "{text}"
+        );
         assert!(text.contains("nats-server 7 40"), "{text}");
         assert!(text.contains("2 cores: 70% busy, 22% idle, 8% stolen by the hypervisor"), "{text}");
         assert!(

@@ -1,4 +1,4 @@
-//! CPU time and peak memory of the processes a bench measures, read from `/proc` (Linux;
+//! CPU time, context switches and peak memory of the processes a bench measures, read from `/proc` (Linux;
 //! elsewhere none is measured): this one and, on the same machine, every `nats-server` and FlowMesh service
 //! process, or the processes of a dev stack; and how the whole machine's cores spent the run
 //! (busy, idle, or taken by the hypervisor), to tell a slow run from a slow machine.
@@ -88,18 +88,63 @@ pub fn peak_rss(processes: &[Process]) -> BTreeMap<String, f64> {
     processes.iter().filter_map(|p| Some((p.name.clone(), peak_rss_mib(p.pid)?))).collect()
 }
 
-/// CPU readings of several processes at one moment.
+/// How many times the process's threads have left their core so far, waiting (for a read, a
+/// lock, a timer: voluntary) or preempted, summed over its threads now alive
+/// (`/proc/<pid>/task/*/status`). Each wait ends in a wake-up, so at a steady rate this counts
+/// what every message pays alone. There a thread that ends takes its count with it; this
+/// process's own count comes from `getrusage`, which keeps those of its threads that ended (a
+/// test binary's threads come and go during a run).
+pub fn switches(pid: u32) -> Option<u64> {
+    if pid == std::process::id() {
+        // SAFETY: `usage` is a valid out-parameter for getrusage, zeroed before the call.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return None;
+        }
+        return Some((usage.ru_nvcsw + usage.ru_nivcsw) as u64);
+    }
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for thread in threads.flatten() {
+        // A thread may end between the listing and the read: it is left out.
+        if let Some(n) = std::fs::read_to_string(thread.path().join("status")).ok().as_deref().and_then(parse_switches)
+        {
+            total += n;
+        }
+    }
+    Some(total)
+}
+
+/// `voluntary_ctxt_switches` plus `nonvoluntary_ctxt_switches` of a `status` file.
+fn parse_switches(status: &str) -> Option<u64> {
+    let count = |key: &str| -> Option<u64> {
+        let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+        line.strip_prefix(':')?.trim().parse().ok()
+    };
+    Some(count("voluntary_ctxt_switches")? + count("nonvoluntary_ctxt_switches")?)
+}
+
+/// CPU time and context switches of several processes at one moment.
 #[derive(Debug, Clone, Default)]
-pub struct Sample(BTreeMap<Process, f64>);
+pub struct Sample(BTreeMap<Process, (f64, Option<u64>)>);
 
 impl Sample {
     pub fn take(processes: &[Process]) -> Sample {
-        Sample(processes.iter().filter_map(|p| Some((p.clone(), cpu_ms(p.pid)?))).collect())
+        Sample(processes.iter().filter_map(|p| Some((p.clone(), (cpu_ms(p.pid)?, switches(p.pid))))).collect())
     }
 
     /// CPU ms each process used since `earlier`, by name; processes gone in between are left out.
     pub fn since(&self, earlier: &Sample) -> BTreeMap<String, f64> {
-        self.0.iter().filter_map(|(p, now)| Some((p.name.clone(), now - earlier.0.get(p)?))).collect()
+        self.0.iter().filter_map(|(p, (now, _))| Some((p.name.clone(), now - earlier.0.get(p)?.0))).collect()
+    }
+
+    /// Context switches of each process since `earlier`, by name; left out where either reading
+    /// has none, and 0 where threads that ended took more than the rest added.
+    pub fn switches_since(&self, earlier: &Sample) -> BTreeMap<String, u64> {
+        self.0
+            .iter()
+            .filter_map(|(p, (_, now))| Some((p.name.clone(), now.as_ref()?.saturating_sub(earlier.0.get(p)?.1?))))
+            .collect()
     }
 }
 
@@ -207,8 +252,57 @@ mod tests {
         let here = local_processes("bench");
         assert!(here.iter().any(|p| p.name == "bench" && p.pid == std::process::id()), "{here:?}");
         let before = Sample::take(&here);
-        let used = Sample::take(&here).since(&before);
+        let after = Sample::take(&here);
+        let used = after.since(&before);
         assert!(used.get("bench").is_some_and(|ms| *ms >= 0.0), "{used:?}");
+        assert!(after.switches_since(&before).contains_key("bench"), "{after:?}");
+    }
+
+    #[test]
+    fn a_thread_that_waits_leaves_its_core() {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let path = format!("/proc/self/task/{tid}/status");
+        let count = || parse_switches(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let before = count();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert!(count() > before, "this thread slept and was not switched out");
+    }
+
+    #[test]
+    fn switches_since_subtracts_each_process_s_count() {
+        let (a, b, c) = (
+            Process { name: "a".to_owned(), pid: 1 },
+            Process { name: "b".to_owned(), pid: 2 },
+            Process { name: "c".to_owned(), pid: 3 },
+        );
+        let earlier = Sample(BTreeMap::from([
+            (a.clone(), (0.0, Some(100))),
+            (b.clone(), (0.0, Some(50))),
+            (c.clone(), (0.0, None)),
+        ]));
+        let d = Process { name: "d".to_owned(), pid: 4 };
+        let later = Sample(BTreeMap::from([
+            (a, (1.0, Some(130))),
+            (b, (1.0, Some(20))),
+            (c, (1.0, Some(9))),
+            (d, (1.0, Some(5))),
+        ]));
+        // b's threads that ended took more than the others added: none, not a wrap-around;
+        // c had no count before and d was not there: left out.
+        assert_eq!(later.switches_since(&earlier), BTreeMap::from([("a".to_owned(), 30), ("b".to_owned(), 0)]));
+    }
+
+    #[test]
+    fn status_files_read_context_switches() {
+        let status = "Name:\tnats-server\nvoluntary_ctxt_switches:\t1200\nnonvoluntary_ctxt_switches:\t34\n";
+        assert_eq!(parse_switches(status), Some(1234));
+        assert_eq!(parse_switches("voluntary_ctxt_switches:\t5\n"), None, "half the pair");
+        assert_eq!(parse_switches("voluntary_ctxt_switches:\tx\nnonvoluntary_ctxt_switches:\t1\n"), None);
+        assert!(switches(std::process::id()).is_some_and(|n| n > 0));
+        // Another process's, from its threads' status files.
+        assert!(switches(std::os::unix::process::parent_id()).is_some_and(|n| n > 0));
+        assert_eq!(switches(u32::MAX), None, "no such process");
     }
 
     #[test]
