@@ -499,16 +499,8 @@ pub async fn run(js: &jetstream::Context, options: &Options, stop: Shutdown) -> 
     let tasks_per_sec = if wall_secs > 0.0 { p.completed as f64 / wall_secs } else { 0.0 };
     let ratio_to_raw = raw_ceiling(raw_before.as_ref(), raw_after.as_ref()).map(|ceiling| tasks_per_sec / ceiling);
     let efficiency = ratio_to_raw.zip(stored_per_task).map(|(ratio, per_task)| ratio * per_task);
-    let cpu_ms_per_task = if p.completed > 0 {
-        cpu_used.into_iter().map(|(name, ms)| (name, ms / p.completed as f64)).collect()
-    } else {
-        BTreeMap::new()
-    };
-    let switches_per_task = if p.completed > 0 {
-        switched.into_iter().map(|(name, n)| (name, n as f64 / p.completed as f64)).collect()
-    } else {
-        BTreeMap::new()
-    };
+    let cpu_ms_per_task = per_task(cpu_used, p.completed);
+    let switches_per_task = per_task(switched.into_iter().map(|(name, n)| (name, n as f64)), p.completed);
     Ok(Report {
         tasks: options.tasks,
         concurrency: options.concurrency,
@@ -1124,6 +1116,14 @@ async fn raw_round_trip(
         .filter_map(|(sent, got)| got.map(|got| ms(got.saturating_duration_since(*sent))))
         .collect();
     Ok((wall, latencies))
+}
+
+/// Each process's total divided by the completed workflows; nothing when none completed.
+fn per_task(totals: impl IntoIterator<Item = (String, f64)>, completed: usize) -> BTreeMap<String, f64> {
+    if completed == 0 {
+        return BTreeMap::new();
+    }
+    totals.into_iter().map(|(name, total)| (name, total / completed as f64)).collect()
 }
 
 fn cell(p: Option<&Percentiles>) -> Vec<String> {

@@ -1,7 +1,8 @@
-//! CPU time, context switches and peak memory of the processes a bench measures, read from `/proc` (Linux;
-//! elsewhere none is measured): this one and, on the same machine, every `nats-server` and FlowMesh service
-//! process, or the processes of a dev stack; and how the whole machine's cores spent the run
-//! (busy, idle, or taken by the hypervisor), to tell a slow run from a slow machine.
+//! CPU time, context switches and peak memory of the processes a bench measures, read from
+//! `/proc` (Linux; elsewhere none is measured): this one and, on the same machine, every
+//! `nats-server` and FlowMesh service process, or the processes of a dev stack; and how the whole
+//! machine's cores spent the run (busy, idle, or taken by the hypervisor), to tell a slow run from
+//! a slow machine.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
