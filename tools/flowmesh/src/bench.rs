@@ -1126,6 +1126,16 @@ fn per_task(totals: impl IntoIterator<Item = (String, f64)>, completed: usize) -
     totals.into_iter().map(|(name, total)| (name, total / completed as f64)).collect()
 }
 
+/// `label`: the processes' sum, then each by name, with `digits` decimals; none without figures.
+fn per_process_row(label: &str, figures: &BTreeMap<String, f64>, digits: usize) -> Option<Vec<String>> {
+    if figures.is_empty() {
+        return None;
+    }
+    let total: f64 = figures.values().sum();
+    let each: Vec<String> = figures.iter().map(|(name, x)| format!("{name} {x:.digits$}")).collect();
+    Some(vec![label.to_owned(), format!("{total:.digits$} ({})", each.join(", "))])
+}
+
 fn cell(p: Option<&Percentiles>) -> Vec<String> {
     match p {
         Some(p) => vec![
@@ -1211,16 +1221,8 @@ pub fn render(r: &Report) -> String {
             ),
         ]);
     }
-    if !r.cpu_ms_per_task.is_empty() {
-        let total: f64 = r.cpu_ms_per_task.values().sum();
-        let each: Vec<String> = r.cpu_ms_per_task.iter().map(|(name, ms)| format!("{name} {ms:.3}")).collect();
-        rows.push(vec!["CPU ms/task".to_owned(), format!("{total:.3} ({})", each.join(", "))]);
-    }
-    if !r.switches_per_task.is_empty() {
-        let total: f64 = r.switches_per_task.values().sum();
-        let each: Vec<String> = r.switches_per_task.iter().map(|(name, n)| format!("{name} {n:.1}")).collect();
-        rows.push(vec!["switches/task".to_owned(), format!("{total:.1} ({})", each.join(", "))]);
-    }
+    rows.extend(per_process_row("CPU ms/task", &r.cpu_ms_per_task, 3));
+    rows.extend(per_process_row("switches/task", &r.switches_per_task, 1));
     if !r.peak_rss_mib.is_empty() {
         let each: Vec<String> = r.peak_rss_mib.iter().map(|(name, mib)| format!("{name} {mib:.0}")).collect();
         rows.push(vec!["peak MiB".to_owned(), each.join(", ")]);
